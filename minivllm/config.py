@@ -1,0 +1,47 @@
+"""Engine configuration (nano-vllm's config.py): one dataclass, validated on construction."""
+import os
+from dataclasses import dataclass, field, fields
+
+from transformers import AutoConfig, PretrainedConfig
+
+
+@dataclass(slots=True)
+class Config:
+    model: str
+    max_num_batched_tokens: int = 16384     # tokens per step; longer prompts are prefilled in chunks
+    max_num_seqs: int = 512                 # sequences running at once
+    max_model_len: int = 4096               # prompt + generated tokens, capped by the model's positions
+    gpu_memory_utilization: float = 0.9     # fraction of GPU memory the engine may use (KV cache sized to fit)
+    cpu_kvcache_bytes: int = 1 << 30        # on CPU, the KV cache's byte budget
+    num_kvcache_blocks: int = -1            # > 0: exactly this many blocks (tests force pressure with it)
+    kvcache_block_size: int = 256           # tokens per KV block
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False             # True: no CUDA graphs
+    enable_prefix_caching: bool = True
+    dtype: str = "auto"                     # auto: the checkpoint's dtype on GPU, float32 on CPU
+    attention_backend: str | None = None    # None: fastest available (see layers/attention_backend.py)
+    seed: int = 0
+    hf_config: PretrainedConfig | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not os.path.isdir(self.model):
+            raise FileNotFoundError(f"model directory {self.model!r} does not exist")
+        if not os.path.isfile(os.path.join(self.model, "config.json")):
+            raise FileNotFoundError(f"{self.model!r} has no config.json (expected a Hugging Face checkpoint directory)")
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "kvcache_block_size", "tensor_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        self.hf_config = self.hf_config or AutoConfig.from_pretrained(self.model)
+        self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)
+
+    @classmethod
+    def from_engine_args(cls, model: str, **kwargs) -> "Config":
+        names = {f.name for f in fields(cls)} - {"model", "hf_config"}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown engine argument(s) {unknown}; valid ones are {sorted(names)}")
+        return cls(model, **kwargs)

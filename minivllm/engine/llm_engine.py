@@ -1,0 +1,170 @@
+"""The engine loop (nano-vllm's llm_engine.py): add requests, step until done. Requests are validated at
+add_request, so a bad one is refused with a clear error and never enters the queue."""
+import atexit
+import time
+from dataclasses import dataclass, field
+
+import torch.multiprocessing as mp
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer, GenerationConfig
+
+from minivllm.config import Config
+from minivllm.engine.model_runner import ModelRunner, worker_main
+from minivllm.engine.scheduler import Scheduler
+from minivllm.engine.sequence import Sequence
+from minivllm.sampling_params import SamplingParams
+from minivllm.utils.dist import free_port
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str            # "stop" (EOS or a stop token) or "length"
+    request_id: int = -1
+    outputs: list = field(default_factory=list)   # vLLM's shape: outputs[0].text, filled with self
+
+    def __post_init__(self) -> None:
+        self.outputs = [self]
+
+
+def eos_token_ids(model: str, tokenizer) -> list[int]:
+    ids = set()
+    try:
+        eos = GenerationConfig.from_pretrained(model).eos_token_id
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    except OSError:
+        pass
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)
+
+
+class LLMEngine:
+
+    def __init__(self, model: str, **kwargs) -> None:
+        config = Config.from_engine_args(model, **kwargs)
+        self.config = config
+        Sequence.block_size = config.kvcache_block_size
+        self.processes, conns = [], []
+        port = free_port()
+        ctx = mp.get_context("spawn")
+        for rank in range(1, config.tensor_parallel_size):
+            parent, child = ctx.Pipe()
+            process = ctx.Process(target=worker_main, args=(config, rank, port, child), daemon=True)
+            process.start()
+            self.processes.append(process)
+            conns.append(parent)
+        self.model_runner = ModelRunner(config, 0, port, conns)
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.eos = eos_token_ids(model, self.tokenizer)
+        self.scheduler = Scheduler(config, self.eos)
+        self.vocab_size = config.hf_config.vocab_size
+        self.prompts: dict[int, str | None] = {}
+        atexit.register(self.exit)
+
+    def exit(self) -> None:
+        if getattr(self, "model_runner", None) is None:
+            return
+        self.model_runner.exit()
+        self.model_runner = None
+        for p in self.processes:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+        self.processes = []
+
+    # --- requests --------------------------------------------------------------------------------------
+
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def check_request(self, token_ids: list[int], sp: SamplingParams) -> None:
+        c = self.config
+        if not isinstance(sp, SamplingParams):
+            raise TypeError(f"sampling params must be a SamplingParams, got {type(sp).__name__}")
+        if len(token_ids) == 0:
+            raise ValueError("empty prompt: a request needs at least one token")
+        bad = [t for t in token_ids if not (isinstance(t, int) and 0 <= t < self.vocab_size)]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        total = len(token_ids) + sp.max_tokens
+        if total > c.max_model_len:
+            raise ValueError(f"prompt of {len(token_ids)} tokens + max_tokens {sp.max_tokens} = {total} exceeds "
+                             f"max_model_len {c.max_model_len}")
+        blocks = (total + c.kvcache_block_size - 1) // c.kvcache_block_size
+        if blocks > c.num_kvcache_blocks:
+            raise ValueError(f"prompt of {len(token_ids)} tokens + max_tokens {sp.max_tokens} needs {blocks} KV blocks; "
+                             f"the cache has only {c.num_kvcache_blocks}")
+
+    def add_request(self, prompt: str | list[int], sampling_params: SamplingParams,
+                    token_ids: list[int] | None = None) -> int:
+        token_ids = token_ids if token_ids is not None else self.tokenize(prompt)
+        self.check_request(token_ids, sampling_params)
+        seq = Sequence(token_ids, sampling_params)
+        self.prompts[seq.seq_id] = prompt if isinstance(prompt, str) else None
+        self.scheduler.add(seq)
+        return seq.seq_id
+
+    # --- the loop --------------------------------------------------------------------------------------
+
+    def step(self) -> tuple[list[Sequence], int, bool]:
+        """One scheduled step. Returns (finished sequences, tokens computed, whether it was a prefill step)."""
+        seqs = self.scheduler.schedule()
+        if not seqs:
+            raise RuntimeError("scheduler produced an empty step while requests are pending")
+        is_prefill = any(s.num_scheduled_tokens != 1 or s.num_computed_tokens != s.num_tokens - 1 for s in seqs)
+        num_tokens = sum(s.num_scheduled_tokens for s in seqs)
+        token_ids = self.model_runner.step(seqs, is_prefill)
+        return self.scheduler.postprocess(seqs, token_ids), num_tokens, is_prefill
+
+    def is_finished(self) -> bool:
+        return self.scheduler.is_finished()
+
+    def output(self, seq: Sequence) -> RequestOutput:
+        return RequestOutput(self.prompts.pop(seq.seq_id, None), seq.prompt_token_ids,
+                             self.tokenizer.decode(seq.completion_token_ids, skip_special_tokens=True),
+                             seq.completion_token_ids, seq.finish_reason, seq.seq_id)
+
+    def generate(self, prompts: list[str] | list[list[int]] | str, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        sampling_params = sampling_params if sampling_params is not None else SamplingParams()
+        if not isinstance(sampling_params, list):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
+        token_ids = [self.tokenize(p) for p in prompts]
+        problems = []
+        for i, (ids, sp) in enumerate(zip(token_ids, sampling_params)):
+            try:
+                self.check_request(ids, sp)
+            except (ValueError, TypeError) as e:
+                problems.append(f"prompt {i}: {e}")
+        if problems:                                  # refuse the batch before anything is queued
+            raise ValueError("; ".join(problems))
+        seq_ids = [self.add_request(p, sp, ids) for p, sp, ids in zip(prompts, sampling_params, token_ids)]
+        outputs: dict[int, RequestOutput] = {}
+        pbar = tqdm(total=len(prompts), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
+        prefill_tokens = decode_tokens = 0
+        t_prefill = t_decode = 0.0
+        while len(outputs) < len(seq_ids):
+            t = time.perf_counter()
+            finished, num_tokens, is_prefill = self.step()
+            dt = time.perf_counter() - t
+            if is_prefill:
+                prefill_tokens, t_prefill = prefill_tokens + num_tokens, t_prefill + dt
+            else:
+                decode_tokens, t_decode = decode_tokens + num_tokens, t_decode + dt
+            pbar.set_postfix(prefill=f"{prefill_tokens / max(t_prefill, 1e-9):.0f}tok/s",
+                             decode=f"{decode_tokens / max(t_decode, 1e-9):.0f}tok/s")
+            for seq in finished:
+                outputs[seq.seq_id] = self.output(seq)
+                pbar.update(1)
+        pbar.close()
+        return [outputs[i] for i in seq_ids]

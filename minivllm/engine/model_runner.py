@@ -1,0 +1,322 @@
+"""Runs the model for one scheduled step (nano-vllm's model_runner.py): builds the step context, owns the
+KV cache, samples on rank 0, and replays captured CUDA graphs for decode. Rank 0 also drives the
+tensor-parallel workers: each step's inputs go to them over a pipe, and they run the same forward.
+
+Host work per step is kept small (see ../shared/PERF-NOTES.md): inputs are built with numpy into one
+persistent pinned buffer and reach the GPU in one copy; the decode graphs read their inputs from views of
+that same device buffer, so a graph step needs no further copies."""
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from minivllm.config import Config
+from minivllm.engine.sequence import Sequence
+from minivllm.layers import attention_backend
+from minivllm.layers.attention import Attention
+from minivllm.layers.sampler import Sampler
+from minivllm.models.qwen3 import Qwen3ForCausalLM
+from minivllm.utils.context import reset_context, set_context
+from minivllm.utils.dist import init_process_group
+from minivllm.utils.loader import load_model
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(config: Config, device: torch.device) -> torch.dtype:
+    if config.dtype != "auto":
+        return DTYPES[config.dtype]
+    if device.type != "cuda":
+        return torch.float32
+    dtype = getattr(config.hf_config, "dtype", None) or getattr(config.hf_config, "torch_dtype", None) or torch.bfloat16
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+@dataclass(slots=True)
+class StepInput:
+    """One step's inputs as host arrays (what rank 0 sends to the workers)."""
+    is_prefill: bool
+    input_ids: np.ndarray          # (T,) int32
+    positions: np.ndarray          # (T,) int32
+    slot_mapping: np.ndarray       # (T,) int32
+    context_lens: np.ndarray       # (S,) int32, keys per sequence after this step
+    block_tables: np.ndarray | None  # (S, M) int32, -1 padded; None for a prefill without cached keys
+    cu_seqlens_q: np.ndarray | None = None   # (S + 1,) int32, prefill only
+    cu_seqlens_k: np.ndarray | None = None
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+    num_seqs: int = 0              # real sequences (decode may be padded up to a graph size)
+
+
+class ModelRunner:
+
+    def __init__(self, config: Config, rank: int = 0, port: int = 0, worker_conns: list | None = None) -> None:
+        self.config = config
+        hf = config.hf_config
+        self.block_size = config.kvcache_block_size
+        self.world_size = config.tensor_parallel_size
+        self.rank = rank
+        self.worker_conns = worker_conns or []
+        self.device = torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu")
+        if self.world_size > 1:
+            init_process_group(rank, self.world_size, port)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        torch.manual_seed(config.seed)
+        self.dtype = resolve_dtype(config, self.device)
+        attention_backend.set_backend(config.attention_backend)
+        self.backend = attention_backend.select(self.device)
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        with torch.device(self.device):
+            self.model = Qwen3ForCausalLM(hf)
+        torch.set_default_dtype(default_dtype)
+        load_model(self.model, config.model)
+        self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
+        for m in self.attn_layers:
+            m.backend = self.backend
+        self.sampler = Sampler()
+        self.max_num_blocks = (config.max_model_len + self.block_size - 1) // self.block_size
+        self.enforce_eager = config.enforce_eager or self.device.type != "cuda"
+        self._allocate_step_buffers()
+        self.warmup_model()
+        self.allocate_kv_cache()
+        if not self.enforce_eager:
+            self.capture_cudagraph()
+        if self.world_size > 1:
+            dist.barrier()
+
+    # --- persistent step buffers -------------------------------------------------------------------
+
+    def _allocate_step_buffers(self) -> None:
+        c = self.config
+        tokens = max(c.max_num_batched_tokens, c.max_num_seqs)
+        seqs = c.max_num_seqs
+        size = 3 * tokens + 3 * (seqs + 1) + seqs * self.max_num_blocks
+        pin = self.device.type == "cuda"
+        self.host_ints = torch.zeros(size, dtype=torch.int32, pin_memory=pin)      # staging, pinned
+        self.host_floats = torch.zeros(2 * seqs, dtype=torch.float32, pin_memory=pin)
+        self.dev_ints = self.host_ints if not pin else torch.zeros(size, dtype=torch.int32, device=self.device)
+        self.dev_floats = self.host_floats if not pin else torch.zeros(2 * seqs, device=self.device)
+        # decode's fixed layout: [ids S][positions S][slots S][context_lens S][block tables S x M]
+        S, M, d = seqs, self.max_num_blocks, self.dev_ints
+        self.graph_vars = dict(input_ids=d[:S], positions=d[S:2 * S], slot_mapping=d[2 * S:3 * S],
+                               context_lens=d[3 * S:4 * S], block_tables=d[4 * S:4 * S + S * M].view(S, M))
+
+    def _upload(self, arrays: list[np.ndarray], fixed_offsets: list[int] | None = None) -> list[torch.Tensor]:
+        """Copy host arrays to the device in one transfer, through the pinned staging buffer. Packed
+        back to back, or at `fixed_offsets` (decode graphs read fixed places). Returns device views."""
+        host = self.host_ints.numpy()
+        offsets, end = [], 0
+        for i, a in enumerate(arrays):
+            start = fixed_offsets[i] if fixed_offsets else end
+            host[start:start + a.size] = a.ravel()
+            offsets.append(start)
+            end = start + a.size
+        if self.dev_ints is not self.host_ints:
+            self.dev_ints[:end].copy_(self.host_ints[:end], non_blocking=True)
+        return [self.dev_ints[o:o + a.size].view(a.shape) for o, a in zip(offsets, arrays)]
+
+    # --- step inputs (rank 0) ----------------------------------------------------------------------
+
+    def _slots(self, seq: Sequence, start: int, end: int) -> np.ndarray:
+        pos = np.arange(start, end)
+        table = np.asarray(seq.block_table, dtype=np.int64)
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def _block_tables(self, seqs: list[Sequence], rows: int) -> np.ndarray:
+        tables = np.full((rows, max(1, max(len(s.block_table) for s in seqs))), -1, dtype=np.int32)
+        for i, s in enumerate(seqs):
+            tables[i, :len(s.block_table)] = s.block_table
+        return tables
+
+    def prepare_prefill(self, seqs: list[Sequence]) -> StepInput:
+        starts = np.array([s.num_computed_tokens for s in seqs])
+        ends = starts + np.array([s.num_scheduled_tokens for s in seqs])
+        input_ids = np.concatenate([s.token_ids[a:b] for s, a, b in zip(seqs, starts, ends)]).astype(np.int32)
+        positions = np.concatenate([np.arange(a, b) for a, b in zip(starts, ends)]).astype(np.int32)
+        slot_mapping = np.concatenate([self._slots(s, a, b) for s, a, b in zip(seqs, starts, ends)]).astype(np.int32)
+        cu_q = np.concatenate([[0], np.cumsum(ends - starts)]).astype(np.int32)
+        cu_k = np.concatenate([[0], np.cumsum(ends)]).astype(np.int32)
+        cached = bool((starts > 0).any())                        # some keys come from the cache
+        return StepInput(True, input_ids, positions, slot_mapping, ends.astype(np.int32),
+                         self._block_tables(seqs, len(seqs)) if cached else None, cu_q, cu_k,
+                         int((ends - starts).max()), int(ends.max()), len(seqs))
+
+    def graph_batch_size(self, bs: int) -> int:
+        return bs if self.enforce_eager else next(b for b in self.graph_bs if b >= bs)
+
+    def prepare_decode(self, seqs: list[Sequence]) -> StepInput:
+        bs, rows = len(seqs), self.graph_batch_size(len(seqs))        # pad up to a captured size
+        input_ids = np.zeros(rows, dtype=np.int32)
+        positions = np.zeros(rows, dtype=np.int32)
+        slot_mapping = np.full(rows, -1, dtype=np.int32)               # padding writes nothing
+        context_lens = np.zeros(rows, dtype=np.int32)
+        for i, s in enumerate(seqs):
+            p = s.num_tokens - 1
+            input_ids[i], positions[i], context_lens[i] = s.last_token, p, s.num_tokens
+            slot_mapping[i] = s.block_table[p // self.block_size] * self.block_size + p % self.block_size
+        tables = np.full((rows, self.max_num_blocks), -1, dtype=np.int32)
+        for i, s in enumerate(seqs):
+            tables[i, :len(s.block_table)] = s.block_table
+        return StepInput(False, input_ids, positions, slot_mapping, context_lens, tables, num_seqs=bs)
+
+    def prepare_sample(self, seqs: list[Sequence]):
+        sp = [s.sampling_params for s in seqs]
+        n = len(seqs)
+        floats = self.host_floats.numpy()
+        floats[:n] = [p.temperature for p in sp]
+        floats[n:2 * n] = [p.top_p for p in sp]
+        top_ks = np.array([p.top_k for p in sp], dtype=np.int32)
+        filtering = bool(top_ks.any()) or any(p.top_p < 1 for p in sp)
+        if self.dev_floats is not self.host_floats:
+            self.dev_floats[:2 * n].copy_(self.host_floats[:2 * n], non_blocking=True)
+        temperatures, top_ps = self.dev_floats[:n], self.dev_floats[n:2 * n]
+        if not filtering:
+            return temperatures, None, None
+        return temperatures, torch.from_numpy(top_ks).to(self.device, non_blocking=True), top_ps
+
+    # --- running a step ------------------------------------------------------------------------------
+
+    def step(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
+        """Rank 0: run one scheduled step on every rank and return one sampled token per sequence."""
+        inputs = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
+        for conn in self.worker_conns:
+            conn.send(("run_model", inputs))
+        sampling = self.prepare_sample(seqs)
+        logits = self.run_model(inputs)
+        return self.sampler(logits, *sampling).tolist()
+
+    @torch.inference_mode()
+    def run_model(self, inp: StepInput) -> torch.Tensor | None:
+        if not inp.is_prefill and not self.enforce_eager:
+            return self._replay(inp)
+        arrays = [inp.input_ids, inp.positions, inp.slot_mapping, inp.context_lens]
+        if inp.is_prefill:
+            arrays += [inp.cu_seqlens_q, inp.cu_seqlens_k]
+        if inp.block_tables is not None:
+            arrays.append(inp.block_tables)
+        t = self._upload(arrays)
+        input_ids, positions, slot_mapping, context_lens = t[:4]
+        if inp.is_prefill:
+            set_context(True, t[4], t[5], inp.max_seqlen_q, inp.max_seqlen_k, slot_mapping, context_lens,
+                        t[6] if inp.block_tables is not None else None)
+        else:
+            set_context(False, slot_mapping=slot_mapping, context_lens=context_lens, block_tables=t[4])
+        logits = self.model.compute_logits(self.model(input_ids, positions))
+        reset_context()
+        return logits
+
+    def _replay(self, inp: StepInput) -> torch.Tensor | None:
+        S = self.config.max_num_seqs
+        self._upload([inp.input_ids, inp.positions, inp.slot_mapping, inp.context_lens, inp.block_tables],
+                     fixed_offsets=[0, S, 2 * S, 3 * S, 4 * S])
+        bs = inp.input_ids.shape[0]
+        self.graphs[bs].replay()
+        return self.model.compute_logits(self.graph_outputs[:inp.num_seqs])
+
+    # --- start-up: warm-up, KV cache, CUDA graphs ------------------------------------------------------
+
+    @torch.inference_mode()
+    def warmup_model(self) -> None:
+        """Run the largest prefill (and the sampler on the largest batch) once, so that kernels are compiled
+        and the peak activation memory is known before the KV cache takes the rest."""
+        c = self.config
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        seq_len = min(c.max_model_len, c.max_num_batched_tokens)
+        num_seqs = max(1, min(c.max_num_batched_tokens // seq_len, c.max_num_seqs))
+        seqs = [Sequence([0] * seq_len) for _ in range(num_seqs)]
+        for s in seqs:
+            s.num_scheduled_tokens = seq_len
+            s.block_table = list(range(self.max_num_blocks))
+        self.run_model(self.prepare_prefill(seqs))
+        if self.rank == 0:
+            vocab = self.config.hf_config.vocab_size
+            logits = torch.zeros(c.max_num_seqs, vocab, device=self.device, dtype=self.dtype)
+            t = torch.ones(c.max_num_seqs, device=self.device)
+            self.sampler(logits, t, torch.ones_like(t, dtype=torch.int32), t)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def allocate_kv_cache(self) -> None:
+        c, hf = self.config, self.config.hf_config
+        num_kv_heads = hf.num_key_value_heads // self.world_size
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+        block_bytes = 2 * hf.num_hidden_layers * self.block_size * num_kv_heads * head_dim * self.dtype.itemsize
+        if c.num_kvcache_blocks > 0:
+            num_blocks = c.num_kvcache_blocks
+        elif self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info()
+            stats = torch.cuda.memory_stats()
+            peak, current = stats["allocated_bytes.all.peak"], stats["allocated_bytes.all.current"]
+            num_blocks = int(total * c.gpu_memory_utilization - (total - free) - peak + current) // block_bytes
+        else:
+            num_blocks = c.cpu_kvcache_bytes // block_bytes
+        if self.world_size > 1:                              # every rank must agree on the block count
+            n = torch.tensor([num_blocks], device=self.device)
+            dist.all_reduce(n, op=dist.ReduceOp.MIN)
+            num_blocks = int(n.item())
+        if num_blocks < 1:
+            raise RuntimeError(f"no memory left for the KV cache (one block needs {block_bytes} bytes)")
+        c.num_kvcache_blocks = num_blocks
+        # zero-initialised: unused rows must be finite for the flash kernels
+        self.kv_cache = torch.zeros(2, hf.num_hidden_layers, num_blocks, self.block_size, num_kv_heads, head_dim,
+                                    dtype=self.dtype, device=self.device)
+        for i, m in enumerate(self.attn_layers):
+            m.k_cache, m.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
+
+    @torch.inference_mode()
+    def capture_cudagraph(self) -> None:
+        max_bs = self.config.max_num_seqs
+        self.graph_bs = [b for b in (1, 2, 4, 8) if b < max_bs] + list(range(16, max_bs, 16)) + [max_bs]
+        self.graph_outputs = torch.zeros(max_bs, self.config.hf_config.hidden_size, dtype=self.dtype, device=self.device)
+        v = self.graph_vars
+        v["slot_mapping"].fill_(-1)
+        v["context_lens"].zero_()
+        v["block_tables"].fill_(0)
+        self.graphs, pool = {}, None
+        for bs in reversed(self.graph_bs):
+            graph = torch.cuda.CUDAGraph()
+            set_context(False, slot_mapping=v["slot_mapping"][:bs], context_lens=v["context_lens"][:bs],
+                        block_tables=v["block_tables"][:bs])
+            self.graph_outputs[:bs] = self.model(v["input_ids"][:bs], v["positions"][:bs])     # warm-up
+            with torch.cuda.graph(graph, pool):
+                self.graph_outputs[:bs] = self.model(v["input_ids"][:bs], v["positions"][:bs])
+            if pool is None:
+                pool = graph.pool()
+            self.graphs[bs] = graph
+            torch.cuda.synchronize()
+            reset_context()
+
+    # --- tensor-parallel workers -------------------------------------------------------------------------
+
+    def exit(self) -> None:
+        for conn in self.worker_conns:
+            try:
+                conn.send(("exit", None))
+            except (BrokenPipeError, OSError):
+                pass
+        self.worker_conns = []
+        if hasattr(self, "graphs"):
+            del self.graphs
+        if self.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def worker_main(config: Config, rank: int, port: int, conn) -> None:
+    """A tensor-parallel worker: run whatever rank 0 sends until it says exit or goes away."""
+    runner = ModelRunner(config, rank, port)
+    try:
+        while True:
+            try:
+                method, arg = conn.recv()
+            except (EOFError, OSError):          # the driver is gone
+                break
+            if method == "exit":
+                break
+            getattr(runner, method)(arg)
+    finally:
+        runner.exit()

@@ -1,0 +1,111 @@
+"""Continuous batching with chunked prefill and preemption by recompute (nano-vllm's scheduler.py, extended).
+
+Every sequence has `num_tokens` tokens of which `num_computed_tokens` have K/V in the cache; a step computes
+the next `num_scheduled_tokens` of some sequences, under two budgets: `max_num_seqs` sequences and
+`max_num_batched_tokens` tokens. A sequence samples its next token in the step that computes its last
+token, so prefill, a later prefill chunk, decode and recompute after preemption are the same operation.
+
+Order of one step: (1) running sequences that decode (1 token each) go first, so a long prompt being
+prefilled never starves them; (2) running sequences still prefilling get chunks from the budget left;
+(3) waiting sequences are admitted FIFO while budgets and free blocks allow, after a prefix-cache lookup.
+When the KV cache is full, the newest running sequence is preempted: its blocks are freed, and it goes back
+to the front of the queue to be recomputed later (its generated tokens are kept)."""
+from collections import deque
+
+from minivllm.config import Config
+from minivllm.engine.block_manager import BlockManager
+from minivllm.engine.sequence import Sequence, SequenceStatus
+
+
+class Scheduler:
+
+    def __init__(self, config: Config, eos: list[int]) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_model_len = config.max_model_len
+        self.eos = set(eos)
+        self.block_manager = BlockManager(config.num_kvcache_blocks, config.kvcache_block_size,
+                                          config.enable_prefix_caching)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []        # in admission order: the last one is preempted first
+        self.num_preemptions = 0
+
+    def is_finished(self) -> bool:
+        return not self.waiting and not self.running
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def preempt(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        seq.num_scheduled_tokens = 0
+        self.block_manager.deallocate(seq)
+        self.running.remove(seq)
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _fit(self, seq: Sequence, budget: int) -> int:
+        """Give `seq` up to `budget` tokens and their blocks, preempting the newest other sequences if the
+        cache is full. Returns the tokens scheduled (0 if `seq` itself had to be preempted)."""
+        n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        while not self.block_manager.can_grow(seq, seq.num_computed_tokens + n):
+            victim = self.running[-1]
+            self.preempt(victim)
+            if victim is seq:
+                return 0
+        self.block_manager.grow(seq, seq.num_computed_tokens + n)
+        seq.num_scheduled_tokens = n
+        return n
+
+    def schedule(self) -> list[Sequence]:
+        budget = self.max_num_batched_tokens
+        scheduled: list[Sequence] = []
+        decoding = [s for s in self.running if s.num_tokens - s.num_computed_tokens == 1]
+        prefilling = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
+        for seq in decoding + prefilling:
+            if budget == 0:
+                break
+            if seq.status != SequenceStatus.RUNNING:          # preempted for an earlier sequence this step
+                continue
+            n = self._fit(seq, budget)
+            if n:
+                budget -= n
+                scheduled.append(seq)
+        scheduled = [s for s in scheduled if s.status == SequenceStatus.RUNNING]
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            self.block_manager.allocate_prefix(seq)
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self.block_manager.can_grow(seq, seq.num_computed_tokens + n):
+                self.block_manager.deallocate(seq)              # wait until blocks free up
+                break
+            self.block_manager.grow(seq, seq.num_computed_tokens + n)
+            seq.num_scheduled_tokens = n
+            seq.status = SequenceStatus.RUNNING
+            self.waiting.popleft()
+            self.running.append(seq)
+            scheduled.append(seq)
+            budget -= n
+        return scheduled
+
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
+        """Account the computed tokens, append sampled tokens, finish sequences. Returns the finished ones."""
+        finished = []
+        for seq, token_id in zip(seqs, token_ids):
+            seq.num_computed_tokens += seq.num_scheduled_tokens
+            seq.num_scheduled_tokens = 0
+            self.block_manager.register_computed(seq)
+            if seq.num_computed_tokens < seq.num_tokens:       # a prefill chunk: no token sampled yet
+                continue
+            seq.append_token(token_id)
+            sp = seq.sampling_params
+            if (not sp.ignore_eos and token_id in self.eos) or token_id in sp.stop_token_ids:
+                seq.finish_reason = "stop"
+            elif seq.num_completion_tokens >= sp.max_tokens or seq.num_tokens >= self.max_model_len:
+                seq.finish_reason = "length"
+            if seq.finish_reason:
+                seq.status = SequenceStatus.FINISHED
+                self.block_manager.deallocate(seq)
+                self.running.remove(seq)
+                finished.append(seq)
+        return finished

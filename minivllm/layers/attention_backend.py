@@ -1,0 +1,94 @@
+"""Which attention kernels run: one decision point, overridable for tests (nanochat's habit).
+
+- "flash_attn": the flash-attn package (FA2), nano-vllm's two calls;
+- "fa4": FlashAttention-4 (`flash_attn.cute`), on SM90+ (the H200);
+- "torch": plain torch over the same paged cache, on any device (CPU users and CI).
+`set_backend(name)` or MINIVLLM_ATTENTION_BACKEND forces one; None picks the fastest available."""
+import os
+from functools import lru_cache
+
+import torch
+
+from minivllm.layers import torch_attention
+
+BACKENDS = ("flash_attn", "fa4", "torch")
+_override_impl: str | None = os.environ.get("MINIVLLM_ATTENTION_BACKEND") or None
+
+
+def set_backend(name: str | None) -> None:
+    global _override_impl
+    if name is not None and name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose from {BACKENDS}")
+    _override_impl = name
+
+
+@lru_cache(None)
+def _fa2():
+    try:
+        from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+        return flash_attn_varlen_func, flash_attn_with_kvcache
+    except ImportError:
+        return None
+
+
+@lru_cache(None)
+def _fa4():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        return None
+    try:
+        from flash_attn.cute import flash_attn_varlen_func
+        return flash_attn_varlen_func
+    except ImportError:
+        return None
+
+
+def available(device: torch.device | str) -> list[str]:
+    if torch.device(device).type != "cuda":
+        return ["torch"]
+    return [name for name, ok in (("fa4", _fa4()), ("flash_attn", _fa2())) if ok] + ["torch"]
+
+
+def select(device: torch.device | str) -> str:
+    if _override_impl is not None:
+        if _override_impl not in available(device):
+            raise RuntimeError(f"attention backend {_override_impl!r} is not available on {device}")
+        return _override_impl
+    return available(device)[0]
+
+
+# --- the three calls the Attention layer makes -------------------------------------------------------
+
+def prefill(backend: str, q, k, v, cu_seqlens, max_seqlen: int, scale: float) -> torch.Tensor:
+    """Fresh K/V, packed by cu_seqlens: q (N, H, D), k/v (N, Hkv, D) -> (N, H, D)."""
+    if backend == "fa4":
+        return _fa4()(q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
+                      max_seqlen_k=max_seqlen, softmax_scale=scale, causal=True)[0]
+    if backend == "flash_attn":
+        return _fa2()[0](q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
+                         max_seqlen_k=max_seqlen, softmax_scale=scale, causal=True)
+    return torch_attention.varlen_attention(q, k, v, cu_seqlens, scale)
+
+
+def prefill_paged(backend: str, q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                  max_seqlen_k: int, context_lens, block_tables, scale: float) -> torch.Tensor:
+    """Queries are the new tokens, keys come from the cache through block tables (prefix hit / chunk)."""
+    if backend == "fa4":
+        return _fa4()(q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                      seqused_k=context_lens, page_table=block_tables.clamp(min=0), softmax_scale=scale,
+                      causal=True)[0]
+    if backend == "flash_attn":
+        return _fa2()[0](q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=scale,
+                         causal=True, block_table=block_tables)
+    return torch_attention.paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale)
+
+
+def decode(backend: str, q, k_cache, v_cache, context_lens, block_tables, scale: float) -> torch.Tensor:
+    """One query per sequence: q (B, H, D) -> (B, H, D)."""
+    if backend == "fa4":
+        return _fa4()(q.unsqueeze(1), k_cache, v_cache, seqused_k=context_lens,
+                      page_table=block_tables.clamp(min=0), softmax_scale=scale, causal=True)[0].squeeze(1)
+    if backend == "flash_attn":
+        return _fa2()[1](q.unsqueeze(1), k_cache, v_cache, cache_seqlens=context_lens, block_table=block_tables,
+                         softmax_scale=scale, causal=True).squeeze(1)
+    return torch_attention.paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale)

@@ -1,0 +1,61 @@
+"""Vocab-parallel embedding (mask + all_reduce) and LM head (last token per sequence in prefill, gather
+to rank 0), seed 000 section 6."""
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from minivllm.utils.context import get_context
+from minivllm.utils.dist import divide, tp_rank, tp_size
+
+
+class VocabParallelEmbedding(nn.Module):
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.tp_rank = tp_rank()
+        self.tp_size = tp_size()
+        self.num_embeddings = num_embeddings
+        self.num_embeddings_per_partition = divide(num_embeddings, self.tp_size, "vocabulary size")
+        self.vocab_start_idx = self.num_embeddings_per_partition * self.tp_rank
+        self.vocab_end_idx = self.vocab_start_idx + self.num_embeddings_per_partition
+        self.weight = nn.Parameter(torch.empty(self.num_embeddings_per_partition, embedding_dim))
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        shard_size = param.data.size(0)
+        loaded_weight = loaded_weight.narrow(0, self.tp_rank * shard_size, shard_size)
+        if tuple(param.shape) != tuple(loaded_weight.shape):
+            raise ValueError(f"{type(self).__name__}: checkpoint shape {tuple(loaded_weight.shape)} does not match {tuple(param.shape)}")
+        param.data.copy_(loaded_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: (N,) token ids -> (N, embedding_dim)
+        if self.tp_size > 1:
+            mask = (x >= self.vocab_start_idx) & (x < self.vocab_end_idx)   # tokens this rank owns
+            x = mask * (x - self.vocab_start_idx)                           # local ids, others -> 0
+        y = F.embedding(x, self.weight)
+        if self.tp_size > 1:
+            y = mask.unsqueeze(1) * y                                       # zero rows we do not own
+            dist.all_reduce(y)                                              # exactly one rank is non-zero
+        return y
+
+
+class ParallelLMHead(VocabParallelEmbedding):
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False) -> None:
+        if bias:
+            raise NotImplementedError("ParallelLMHead: bias is not supported")
+        super().__init__(num_embeddings, embedding_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | None:
+        context = get_context()
+        if context.is_prefill:
+            last_indices = context.cu_seqlens_q[1:] - 1        # last token of each sequence
+            x = x[last_indices].contiguous()                   # (num_seqs, hidden)
+        logits = F.linear(x, self.weight)                      # (num_seqs, vocab / tp)
+        if self.tp_size > 1:
+            all_logits = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
+            dist.gather(logits, all_logits, 0)
+            logits = torch.cat(all_logits, -1) if self.tp_rank == 0 else None   # (num_seqs, vocab) on rank 0
+        return logits

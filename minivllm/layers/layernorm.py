@@ -1,0 +1,39 @@
+"""RMSNorm, plain and with the residual add fused in (seed 000 section 2)."""
+import torch
+from torch import nn
+
+from minivllm.utils.compile import compiled
+
+
+class RMSNorm(nn.Module):
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    @compiled
+    def rms_forward(self, x: torch.Tensor) -> torch.Tensor:
+        orig_dtype = x.dtype
+        x = x.float()                                   # variance in fp32
+        var = x.pow(2).mean(dim=-1, keepdim=True)
+        x = x * torch.rsqrt(var + self.eps)
+        return x.to(orig_dtype) * self.weight
+
+    @compiled
+    def add_rms_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        orig_dtype = x.dtype
+        x = x.float() + residual.float()                # residual add in fp32
+        residual = x.to(orig_dtype)                     # the new residual is the sum
+        var = x.pow(2).mean(dim=-1, keepdim=True)
+        x = x * torch.rsqrt(var + self.eps)
+        return x.to(orig_dtype) * self.weight, residual
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if x.shape[-1] != self.weight.shape[0]:
+            raise ValueError(f"RMSNorm: last dim of input is {x.shape[-1]}, expected {self.weight.shape[0]}")
+        if residual is None:
+            return self.rms_forward(x)
+        if residual.shape != x.shape:
+            raise ValueError(f"RMSNorm: residual shape {tuple(residual.shape)} != input shape {tuple(x.shape)}")
+        return self.add_rms_forward(x, residual)

@@ -1,0 +1,114 @@
+"""The parallel Linear family (seed 000 section 5): Column shards the output dim, Row shards the input
+dim and all_reduces; QKV and Merged are Column layers that pack several HF weights into one matrix.
+Each parameter carries a `weight_loader(param, loaded_weight[, shard_id])` that the loader calls."""
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from minivllm.utils.dist import divide, tp_rank, tp_size
+
+
+def _check_shape(param: nn.Parameter, loaded: torch.Tensor, what: str) -> None:
+    if tuple(param.shape) != tuple(loaded.shape):
+        raise ValueError(f"{what}: checkpoint shape {tuple(loaded.shape)} does not match parameter shard shape {tuple(param.shape)}")
+
+
+class LinearBase(nn.Module):
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_dim: int | None = None) -> None:
+        super().__init__()
+        self.tp_dim = tp_dim
+        self.tp_rank = tp_rank()
+        self.tp_size = tp_size()
+        self.weight = nn.Parameter(torch.empty(output_size, input_size))
+        self.weight.weight_loader = self.weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(output_size))
+            self.bias.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.weight.shape[1]:
+            raise ValueError(f"{type(self).__name__}: input last dim {x.shape[-1]} != in_features {self.weight.shape[1]}")
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        _check_shape(param, loaded_weight, type(self).__name__)
+        param.data.copy_(loaded_weight)
+
+
+class ColumnParallelLinear(LinearBase):
+    """y[:, shard] = x @ W[shard].T: each rank holds output rows [rank * n, (rank + 1) * n)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__(input_size, divide(output_size, tp_size(), "output size"), bias, tp_dim=0)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        shard_size = param.data.size(self.tp_dim)
+        loaded_weight = loaded_weight.narrow(self.tp_dim, self.tp_rank * shard_size, shard_size)
+        _check_shape(param, loaded_weight, type(self).__name__)
+        param.data.copy_(loaded_weight)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column layers side by side (gate_proj, up_proj); integer shard ids index output_sizes."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+        self.output_sizes = output_sizes
+        super().__init__(input_size, sum(output_sizes), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: int) -> None:
+        shard_offset = sum(self.output_sizes[:loaded_shard_id]) // self.tp_size
+        shard_size = self.output_sizes[loaded_shard_id] // self.tp_size
+        param_data = param.data.narrow(self.tp_dim, shard_offset, shard_size)
+        loaded_weight = loaded_weight.chunk(self.tp_size, self.tp_dim)[self.tp_rank]
+        _check_shape(param_data, loaded_weight, f"{type(self).__name__}[{loaded_shard_id}]")
+        param_data.copy_(loaded_weight)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections in one matrix, sharded by head; string shard ids "q", "k", "v"."""
+
+    def __init__(self, hidden_size: int, head_size: int, total_num_heads: int,
+                 total_num_kv_heads: int | None = None, bias: bool = False) -> None:
+        total_num_kv_heads = total_num_kv_heads or total_num_heads
+        self.head_size = head_size
+        self.num_heads = divide(total_num_heads, tp_size(), "number of attention heads")
+        self.num_kv_heads = divide(total_num_kv_heads, tp_size(), "number of KV heads")
+        output_size = (total_num_heads + 2 * total_num_kv_heads) * head_size
+        super().__init__(hidden_size, output_size, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: str) -> None:
+        q_size, kv_size = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
+        shard_offset, shard_size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[loaded_shard_id]
+        param_data = param.data.narrow(self.tp_dim, shard_offset, shard_size)
+        loaded_weight = loaded_weight.chunk(self.tp_size, self.tp_dim)[self.tp_rank]
+        _check_shape(param_data, loaded_weight, f"{type(self).__name__}[{loaded_shard_id}]")
+        param_data.copy_(loaded_weight)
+
+
+class RowParallelLinear(LinearBase):
+    """y = sum over ranks of x[:, shard] @ W[:, shard].T: partial sums, then one all_reduce."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__(divide(input_size, tp_size(), "input size"), output_size, bias, tp_dim=1)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        if param.data.dim() == 2:
+            shard_size = param.data.size(self.tp_dim)
+            loaded_weight = loaded_weight.narrow(self.tp_dim, self.tp_rank * shard_size, shard_size)
+        _check_shape(param, loaded_weight, type(self).__name__)
+        param.data.copy_(loaded_weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.weight.shape[1]:
+            raise ValueError(f"RowParallelLinear: input last dim {x.shape[-1]} != in_features shard {self.weight.shape[1]}")
+        y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)   # bias once, on rank 0
+        if self.tp_size > 1:
+            dist.all_reduce(y)
+        return y

@@ -1,0 +1,36 @@
+"""The step context: metadata of the current forward pass, set once per step by the model runner and
+read by the attention layer and the LM head (nano-vllm's utils/context.py, seed 000 section 7)."""
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class Context:
+    is_prefill: bool = False
+    cu_seqlens_q: torch.Tensor | None = None   # (num_seqs + 1,) int32, prefill: query offsets
+    cu_seqlens_k: torch.Tensor | None = None   # (num_seqs + 1,) int32, prefill: key offsets
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+    slot_mapping: torch.Tensor | None = None   # (num_tokens,) int32, cache slot per new token, -1 = skip
+    context_lens: torch.Tensor | None = None   # (num_seqs,) int32, tokens in cache after this step
+    block_tables: torch.Tensor | None = None   # (num_seqs, max_blocks) int32, -1 padded
+
+
+_CONTEXT = Context()
+
+
+def get_context() -> Context:
+    return _CONTEXT
+
+
+def set_context(is_prefill: bool, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
+                slot_mapping=None, context_lens=None, block_tables=None) -> None:
+    global _CONTEXT
+    _CONTEXT = Context(is_prefill, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                       slot_mapping, context_lens, block_tables)
+
+
+def reset_context() -> None:
+    global _CONTEXT
+    _CONTEXT = Context()
