@@ -8,7 +8,15 @@ if not torch.cuda.is_available():
     # and only without CUDA (on a GPU it would also slow torch.compile's own Triton kernels).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from minivllm.llm import LLM  # noqa: E402
 from minivllm.sampling_params import SamplingParams  # noqa: E402
 
 __all__ = ["LLM", "SamplingParams"]
+
+
+def __getattr__(name: str):
+    # LLM pulls in transformers: import it on first use, so `import minivllm.layers...` stays quick
+    # (every spawned tensor-parallel process and notebook kernel imports the package)
+    if name == "LLM":
+        from minivllm.llm import LLM
+        return LLM
+    raise AttributeError(f"module 'minivllm' has no attribute {name!r}")

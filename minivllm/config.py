@@ -2,6 +2,7 @@
 import os
 from dataclasses import dataclass, field, fields
 
+import torch
 from transformers import AutoConfig, PretrainedConfig
 
 
@@ -20,6 +21,7 @@ class Config:
     enable_prefix_caching: bool = True
     dtype: str = "auto"                     # auto: the checkpoint's dtype on GPU, float32 on CPU
     attention_backend: str | None = None    # None: fastest available (see layers/attention_backend.py)
+    device: str = "auto"                    # auto: CUDA if there is a GPU for every TP rank, else CPU
     seed: int = 0
     hf_config: PretrainedConfig | None = field(default=None, repr=False)
 
@@ -33,10 +35,21 @@ class Config:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.device == "auto":
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            self.device = "cuda" if gpus >= self.tensor_parallel_size else "cpu"
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but no CUDA device is available")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         self.hf_config = self.hf_config or AutoConfig.from_pretrained(self.model)
         self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)
+        for name in ("num_attention_heads", "num_key_value_heads"):   # heads are sharded: check before spawning
+            n = getattr(self.hf_config, name, None) or self.hf_config.num_attention_heads
+            if n % self.tensor_parallel_size:
+                raise ValueError(f"tensor parallel size {self.tensor_parallel_size} does not divide {name} {n}")
 
     @classmethod
     def from_engine_args(cls, model: str, **kwargs) -> "Config":

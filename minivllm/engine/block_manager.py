@@ -8,7 +8,7 @@ so at least one token is always computed (its logits give the next token)."""
 import numpy as np
 import xxhash
 
-from minivllm.engine.sequence import Sequence
+from minivllm.engine.sequence import PENDING, Sequence
 
 
 class Block:
@@ -98,6 +98,8 @@ class BlockManager:
             block = self.blocks[seq.block_table[i]]
             prefix = self.blocks[seq.block_table[i - 1]].hash if i > 0 else -1
             token_ids = seq.block(i)
+            if PENDING in token_ids:                                   # not every token known yet
+                break
             block.hash, block.token_ids = self.compute_hash(token_ids, prefix), token_ids
             self.hash_to_block_id.setdefault(block.hash, block.block_id)
             seq.num_hashed_blocks += 1

@@ -2,6 +2,7 @@
 add_request, so a bad one is refused with a clear error and never enters the queue."""
 import atexit
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch.multiprocessing as mp
@@ -14,6 +15,17 @@ from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.sequence import Sequence
 from minivllm.sampling_params import SamplingParams
 from minivllm.utils.dist import free_port
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """Where one step's wall time went (host seconds; `run` includes the GPU work, which it waits for)."""
+    is_prefill: bool
+    num_seqs: int
+    num_tokens: int
+    schedule: float
+    run: float
+    postprocess: float
 
 
 @dataclass(slots=True)
@@ -63,11 +75,15 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.eos)
         self.vocab_size = config.hf_config.vocab_size
         self.prompts: dict[int, str | None] = {}
-        atexit.register(self.exit)
+        self.step_log: list[StepRecord] = []
+        this = weakref.ref(self)                     # at exit, stop the workers of an engine still alive
+        self._atexit = lambda: this() is not None and this().exit()
+        atexit.register(self._atexit)
 
     def exit(self) -> None:
         if getattr(self, "model_runner", None) is None:
             return
+        atexit.unregister(self._atexit)
         self.model_runner.exit()
         self.model_runner = None
         for p in self.processes:
@@ -114,13 +130,19 @@ class LLMEngine:
 
     def step(self) -> tuple[list[Sequence], int, bool]:
         """One scheduled step. Returns (finished sequences, tokens computed, whether it was a prefill step)."""
+        t0 = time.perf_counter()
         seqs = self.scheduler.schedule()
         if not seqs:
             raise RuntimeError("scheduler produced an empty step while requests are pending")
         is_prefill = any(s.num_scheduled_tokens != 1 or s.num_computed_tokens != s.num_tokens - 1 for s in seqs)
         num_tokens = sum(s.num_scheduled_tokens for s in seqs)
+        t1 = time.perf_counter()
         token_ids = self.model_runner.step(seqs, is_prefill)
-        return self.scheduler.postprocess(seqs, token_ids), num_tokens, is_prefill
+        t2 = time.perf_counter()
+        finished = self.scheduler.postprocess(seqs, token_ids)
+        t3 = time.perf_counter()
+        self.step_log.append(StepRecord(is_prefill, len(seqs), num_tokens, t1 - t0, t2 - t1, t3 - t2))
+        return finished, num_tokens, is_prefill
 
     def is_finished(self) -> bool:
         return self.scheduler.is_finished()
@@ -151,20 +173,43 @@ class LLMEngine:
         seq_ids = [self.add_request(p, sp, ids) for p, sp, ids in zip(prompts, sampling_params, token_ids)]
         outputs: dict[int, RequestOutput] = {}
         pbar = tqdm(total=len(prompts), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
-        prefill_tokens = decode_tokens = 0
-        t_prefill = t_decode = 0.0
-        while len(outputs) < len(seq_ids):
-            t = time.perf_counter()
-            finished, num_tokens, is_prefill = self.step()
-            dt = time.perf_counter() - t
-            if is_prefill:
-                prefill_tokens, t_prefill = prefill_tokens + num_tokens, t_prefill + dt
-            else:
-                decode_tokens, t_decode = decode_tokens + num_tokens, t_decode + dt
-            pbar.set_postfix(prefill=f"{prefill_tokens / max(t_prefill, 1e-9):.0f}tok/s",
-                             decode=f"{decode_tokens / max(t_decode, 1e-9):.0f}tok/s")
+        for finished in self.run_until_done():
             for seq in finished:
                 outputs[seq.seq_id] = self.output(seq)
-                pbar.update(1)
+            pbar.update(len(finished))
         pbar.close()
         return [outputs[i] for i in seq_ids]
+
+    def run_until_done(self):
+        """Step until every request has finished, yielding the sequences finished at each step.
+
+        With one GPU the loop runs one step ahead: step N+1 is scheduled, prepared and launched while step N
+        runs, its sampled tokens fed on the device (placeholders on the host), and step N's tokens are read
+        back only afterwards. The host work of a step hides behind the GPU work of the previous one. With
+        tensor parallelism the workers need the tokens on the host, so each step waits for its own."""
+        overlap = self.config.tensor_parallel_size == 1
+        in_flight = None                                       # (seqs, sampled placeholders, handle, record)
+        while not self.scheduler.is_finished() or in_flight:
+            t0 = time.perf_counter()
+            seqs = self.scheduler.schedule() if not self.scheduler.is_finished() else []
+            launched = None
+            if seqs:
+                is_prefill = any(s.num_scheduled_tokens != 1 or s.num_computed_tokens != s.num_tokens - 1 for s in seqs)
+                record = StepRecord(is_prefill, len(seqs), sum(s.num_scheduled_tokens for s in seqs), 0.0, 0.0, 0.0)
+                t1 = time.perf_counter()
+                handle = self.model_runner.launch(seqs, is_prefill)
+                sampled = self.scheduler.on_launch(seqs)
+                record.schedule, record.run = t1 - t0, time.perf_counter() - t1
+                launched = (seqs, sampled, handle, record)
+            elif in_flight is None:
+                raise RuntimeError("scheduler produced an empty step while requests are pending")
+            if not overlap and launched:
+                in_flight, launched = launched, None
+            if in_flight:
+                t2 = time.perf_counter()
+                done_seqs, sampled, handle, record = in_flight
+                finished = self.scheduler.on_result(done_seqs, sampled, handle.result())
+                record.postprocess = time.perf_counter() - t2
+                self.step_log.append(record)
+                yield finished
+            in_flight = launched

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _update_default_pg, _world
 
 from minivllm.config import Config
-from minivllm.engine.sequence import Sequence
+from minivllm.engine.sequence import PENDING, Sequence
 from minivllm.layers import attention_backend
 from minivllm.layers.attention import Attention
 from minivllm.layers.sampler import Sampler
@@ -47,6 +48,25 @@ class StepInput:
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
     num_seqs: int = 0              # real sequences (decode may be padded up to a graph size)
+    src: np.ndarray | None = None  # (T,) int32: row of the previous step's sampled tokens to feed in, or -1
+
+
+class StepHandle:
+    """A launched step: `result()` waits for its sampled tokens (one per sequence) and returns them."""
+
+    def __init__(self, tokens: torch.Tensor, host: torch.Tensor | None) -> None:
+        self.n = tokens.shape[0]
+        self.tokens, self.host, self.event = tokens, host, None
+        if host is not None:                                   # GPU: copy back without waiting
+            host[:self.n].copy_(tokens, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def result(self) -> list[int]:
+        if self.event is None:
+            return self.tokens.tolist()
+        self.event.synchronize()
+        return self.host[:self.n].tolist()
 
 
 class ModelRunner:
@@ -58,15 +78,23 @@ class ModelRunner:
         self.world_size = config.tensor_parallel_size
         self.rank = rank
         self.worker_conns = worker_conns or []
-        self.device = torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu")
+        self.device = torch.device("cuda", rank) if config.device == "cuda" else torch.device("cpu")
+        self.group = None
         if self.world_size > 1:
-            init_process_group(rank, self.world_size, port)
+            # torch.distributed has one default group per process and the layers use it; rank 0 lives in the
+            # driver, which may hold several TP engines, so each engine makes its own group the default only
+            # while it runs (in launch). The group's name (its key prefix in the store) must be equal on every
+            # rank and distinct per engine: the store's port is both.
+            _update_default_pg(None)
+            _world.group_count = port
+            init_process_group(rank, self.world_size, port, "nccl" if self.device.type == "cuda" else "gloo")
+            self.group = dist.group.WORLD
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         torch.manual_seed(config.seed)
         self.dtype = resolve_dtype(config, self.device)
         attention_backend.set_backend(config.attention_backend)
-        self.backend = attention_backend.select(self.device)
+        self.backend = attention_backend.select(self.device, self.dtype)
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         with torch.device(self.device):
@@ -86,6 +114,8 @@ class ModelRunner:
             self.capture_cudagraph()
         if self.world_size > 1:
             dist.barrier()
+            if rank == 0:
+                _update_default_pg(None)      # the driver's default group is set only inside step()
 
     # --- persistent step buffers -------------------------------------------------------------------
 
@@ -93,12 +123,16 @@ class ModelRunner:
         c = self.config
         tokens = max(c.max_num_batched_tokens, c.max_num_seqs)
         seqs = c.max_num_seqs
-        size = 3 * tokens + 3 * (seqs + 1) + seqs * self.max_num_blocks
+        size = 4 * tokens + 4 * (seqs + 1) + seqs * self.max_num_blocks   # + src, see StepInput
         pin = self.device.type == "cuda"
-        self.host_ints = torch.zeros(size, dtype=torch.int32, pin_memory=pin)      # staging, pinned
-        self.host_floats = torch.zeros(2 * seqs, dtype=torch.float32, pin_memory=pin)
-        self.dev_ints = self.host_ints if not pin else torch.zeros(size, dtype=torch.int32, device=self.device)
-        self.dev_floats = self.host_floats if not pin else torch.zeros(2 * seqs, device=self.device)
+        # two pinned staging buffers, used on alternate steps: step N+1 is prepared while N's copy may be queued
+        self.parity = 0
+        self.host_ints_pair = [torch.zeros(size, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
+        self.host_floats_pair = [torch.zeros(2 * seqs, dtype=torch.float32, pin_memory=pin) for _ in range(2)]
+        self.host_tokens_pair = [torch.zeros(seqs, dtype=torch.int64, pin_memory=True) for _ in range(2)] if pin else None
+        self.dev_ints = torch.zeros(size, dtype=torch.int32, device=self.device)
+        self.dev_floats = torch.zeros(2 * seqs, device=self.device)
+        self.last_sampled = torch.zeros(seqs, dtype=torch.int64, device=self.device)  # feeds PENDING tokens
         # decode's fixed layout: [ids S][positions S][slots S][context_lens S][block tables S x M]
         S, M, d = seqs, self.max_num_blocks, self.dev_ints
         self.graph_vars = dict(input_ids=d[:S], positions=d[S:2 * S], slot_mapping=d[2 * S:3 * S],
@@ -107,15 +141,15 @@ class ModelRunner:
     def _upload(self, arrays: list[np.ndarray], fixed_offsets: list[int] | None = None) -> list[torch.Tensor]:
         """Copy host arrays to the device in one transfer, through the pinned staging buffer. Packed
         back to back, or at `fixed_offsets` (decode graphs read fixed places). Returns device views."""
-        host = self.host_ints.numpy()
+        host_ints = self.host_ints_pair[self.parity]
+        host = host_ints.numpy()
         offsets, end = [], 0
         for i, a in enumerate(arrays):
             start = fixed_offsets[i] if fixed_offsets else end
             host[start:start + a.size] = a.ravel()
             offsets.append(start)
             end = start + a.size
-        if self.dev_ints is not self.host_ints:
-            self.dev_ints[:end].copy_(self.host_ints[:end], non_blocking=True)
+        self.dev_ints[:end].copy_(host_ints[:end], non_blocking=True)
         return [self.dev_ints[o:o + a.size].view(a.shape) for o, a in zip(offsets, arrays)]
 
     # --- step inputs (rank 0) ----------------------------------------------------------------------
@@ -140,9 +174,19 @@ class ModelRunner:
         cu_q = np.concatenate([[0], np.cumsum(ends - starts)]).astype(np.int32)
         cu_k = np.concatenate([[0], np.cumsum(ends)]).astype(np.int32)
         cached = bool((starts > 0).any())                        # some keys come from the cache
+        rows = np.repeat([s.sample_row for s in seqs], ends - starts)
         return StepInput(True, input_ids, positions, slot_mapping, ends.astype(np.int32),
                          self._block_tables(seqs, len(seqs)) if cached else None, cu_q, cu_k,
-                         int((ends - starts).max()), int(ends.max()), len(seqs))
+                         int((ends - starts).max()), int(ends.max()), len(seqs), self._pending(input_ids, rows))
+
+    @staticmethod
+    def _pending(input_ids: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
+        """Tokens still being sampled (PENDING) are fed from the previous step's output on the device."""
+        pending = input_ids == PENDING
+        if not pending.any():
+            return None
+        input_ids[pending] = 0
+        return np.where(pending, rows, -1).astype(np.int32)
 
     def graph_batch_size(self, bs: int) -> int:
         return bs if self.enforce_eager else next(b for b in self.graph_bs if b >= bs)
@@ -157,21 +201,24 @@ class ModelRunner:
             p = s.num_tokens - 1
             input_ids[i], positions[i], context_lens[i] = s.last_token, p, s.num_tokens
             slot_mapping[i] = s.block_table[p // self.block_size] * self.block_size + p % self.block_size
-        tables = np.full((rows, self.max_num_blocks), -1, dtype=np.int32)
+        width = self.max_num_blocks if not self.enforce_eager else max(len(s.block_table) for s in seqs)
+        tables = np.full((rows, width), -1, dtype=np.int32)          # graphs read a fixed width
         for i, s in enumerate(seqs):
             tables[i, :len(s.block_table)] = s.block_table
-        return StepInput(False, input_ids, positions, slot_mapping, context_lens, tables, num_seqs=bs)
+        sample_rows = np.array([s.sample_row for s in seqs] + [-1] * (rows - bs))
+        return StepInput(False, input_ids, positions, slot_mapping, context_lens, tables, num_seqs=bs,
+                         src=self._pending(input_ids, sample_rows))
 
     def prepare_sample(self, seqs: list[Sequence]):
         sp = [s.sampling_params for s in seqs]
         n = len(seqs)
-        floats = self.host_floats.numpy()
+        host_floats = self.host_floats_pair[self.parity]
+        floats = host_floats.numpy()
         floats[:n] = [p.temperature for p in sp]
         floats[n:2 * n] = [p.top_p for p in sp]
         top_ks = np.array([p.top_k for p in sp], dtype=np.int32)
         filtering = bool(top_ks.any()) or any(p.top_p < 1 for p in sp)
-        if self.dev_floats is not self.host_floats:
-            self.dev_floats[:2 * n].copy_(self.host_floats[:2 * n], non_blocking=True)
+        self.dev_floats[:2 * n].copy_(host_floats[:2 * n], non_blocking=True)
         temperatures, top_ps = self.dev_floats[:n], self.dev_floats[n:2 * n]
         if not filtering:
             return temperatures, None, None
@@ -180,13 +227,31 @@ class ModelRunner:
     # --- running a step ------------------------------------------------------------------------------
 
     def step(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
-        """Rank 0: run one scheduled step on every rank and return one sampled token per sequence."""
+        """Rank 0: run one step on every rank and wait for one sampled token per sequence."""
+        return self.launch(seqs, is_prefill).result()
+
+    def launch(self, seqs: list[Sequence], is_prefill: bool) -> StepHandle:
+        """Rank 0: prepare and launch one step on every rank without waiting for it (on a GPU the host
+        goes on to schedule the next step while this one runs)."""
         inputs = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
+        assert inputs.src is None or not self.worker_conns, "TP workers cannot see rank 0's sampled tokens"
+        for i, seq in enumerate(seqs):
+            seq.sample_row = i
         for conn in self.worker_conns:
             conn.send(("run_model", inputs))
         sampling = self.prepare_sample(seqs)
-        logits = self.run_model(inputs)
-        return self.sampler(logits, *sampling).tolist()
+        if self.group is not None:
+            _update_default_pg(self.group)
+        try:
+            logits = self.run_model(inputs)
+        finally:
+            if self.group is not None:
+                _update_default_pg(None)
+        tokens = self.sampler(logits, *sampling)                 # (num_seqs,) int64, on the device
+        self.last_sampled[:tokens.shape[0]] = tokens
+        host = self.host_tokens_pair[self.parity] if self.host_tokens_pair else None
+        self.parity ^= 1
+        return StepHandle(tokens, host)
 
     @torch.inference_mode()
     def run_model(self, inp: StepInput) -> torch.Tensor | None:
@@ -197,8 +262,12 @@ class ModelRunner:
             arrays += [inp.cu_seqlens_q, inp.cu_seqlens_k]
         if inp.block_tables is not None:
             arrays.append(inp.block_tables)
+        if inp.src is not None:
+            arrays.append(inp.src)
         t = self._upload(arrays)
         input_ids, positions, slot_mapping, context_lens = t[:4]
+        if inp.src is not None:
+            self._feed_pending(input_ids, t[-1])
         if inp.is_prefill:
             set_context(True, t[4], t[5], inp.max_seqlen_q, inp.max_seqlen_k, slot_mapping, context_lens,
                         t[6] if inp.block_tables is not None else None)
@@ -209,12 +278,23 @@ class ModelRunner:
         return logits
 
     def _replay(self, inp: StepInput) -> torch.Tensor | None:
-        S = self.config.max_num_seqs
-        self._upload([inp.input_ids, inp.positions, inp.slot_mapping, inp.context_lens, inp.block_tables],
-                     fixed_offsets=[0, S, 2 * S, 3 * S, 4 * S])
+        S, M = self.config.max_num_seqs, self.max_num_blocks
+        arrays = [inp.input_ids, inp.positions, inp.slot_mapping, inp.context_lens, inp.block_tables]
+        offsets = [0, S, 2 * S, 3 * S, 4 * S]
+        if inp.src is not None:
+            arrays.append(inp.src)
+            offsets.append(4 * S + S * M)
+        t = self._upload(arrays, fixed_offsets=offsets)
         bs = inp.input_ids.shape[0]
+        if inp.src is not None:
+            self._feed_pending(t[0], t[-1])
         self.graphs[bs].replay()
         return self.model.compute_logits(self.graph_outputs[:inp.num_seqs])
+
+    def _feed_pending(self, input_ids: torch.Tensor, src: torch.Tensor) -> None:
+        """input_ids[i] = previous step's sampled token src[i] where src[i] >= 0, on the device (no sync)."""
+        fed = self.last_sampled[src.clamp(min=0).long()].to(input_ids.dtype)
+        torch.where(src >= 0, fed, input_ids, out=input_ids)
 
     # --- start-up: warm-up, KV cache, CUDA graphs ------------------------------------------------------
 
@@ -300,10 +380,18 @@ class ModelRunner:
             except (BrokenPipeError, OSError):
                 pass
         self.worker_conns = []
-        if hasattr(self, "graphs"):
-            del self.graphs
-        if self.world_size > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+        for m in getattr(self, "attn_layers", []):                 # give the memory back (KV cache, graphs)
+            m.k_cache = m.v_cache = torch.tensor([])
+        for name in ("graphs", "graph_outputs", "kv_cache", "model"):
+            self.__dict__.pop(name, None)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+        if self.group is not None:
+            if dist.group.WORLD is self.group:
+                _update_default_pg(None)
+            dist.destroy_process_group(self.group)    # this engine's group only, not another engine's
+            self.group = None
 
 
 def worker_main(config: Config, rank: int, port: int, conn) -> None:

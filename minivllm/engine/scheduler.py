@@ -14,7 +14,7 @@ from collections import deque
 
 from minivllm.config import Config
 from minivllm.engine.block_manager import BlockManager
-from minivllm.engine.sequence import Sequence, SequenceStatus
+from minivllm.engine.sequence import PENDING, Sequence, SequenceStatus
 
 
 class Scheduler:
@@ -28,10 +28,11 @@ class Scheduler:
                                           config.enable_prefix_caching)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []        # in admission order: the last one is preempted first
+        self.finishing: list[Sequence] = []      # their last token is being sampled; nothing more to schedule
         self.num_preemptions = 0
 
     def is_finished(self) -> bool:
-        return not self.waiting and not self.running
+        return not self.waiting and not self.running and not self.finishing
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -59,6 +60,7 @@ class Scheduler:
 
     def schedule(self) -> list[Sequence]:
         budget = self.max_num_batched_tokens
+        num_preemptions = self.num_preemptions
         scheduled: list[Sequence] = []
         decoding = [s for s in self.running if s.num_tokens - s.num_computed_tokens == 1]
         prefilling = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
@@ -72,11 +74,16 @@ class Scheduler:
                 budget -= n
                 scheduled.append(seq)
         scheduled = [s for s in scheduled if s.status == SequenceStatus.RUNNING]
+        if self.num_preemptions > num_preemptions:              # the cache is full: admit no one this step
+            return scheduled                                    # (vLLM's rule; else a preempted prefill thrashes)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if seq.token_ids[-1] == PENDING:                    # preempted while its token was in flight
+                break
             self.block_manager.allocate_prefix(seq)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.block_manager.can_grow(seq, seq.num_computed_tokens + n):
+                self.block_manager.num_prefix_hits -= len(seq.block_table)   # not reused after all
                 self.block_manager.deallocate(seq)              # wait until blocks free up
                 break
             self.block_manager.grow(seq, seq.num_computed_tokens + n)
@@ -88,24 +95,53 @@ class Scheduler:
             budget -= n
         return scheduled
 
-    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
-        """Account the computed tokens, append sampled tokens, finish sequences. Returns the finished ones."""
-        finished = []
-        for seq, token_id in zip(seqs, token_ids):
+    def on_launch(self, seqs: list[Sequence]) -> list[tuple[Sequence, int]]:
+        """A step was launched: its tokens count as computed. Each sequence that reached its last token gets a
+        PENDING placeholder for the token being sampled, so the next step can be scheduled before that token
+        is known (the GPU feeds it in). One that will surely stop on length leaves the running list now.
+        Returns (sequence, placeholder position) for on_result."""
+        sampled = []
+        for seq in seqs:
             seq.num_computed_tokens += seq.num_scheduled_tokens
             seq.num_scheduled_tokens = 0
-            self.block_manager.register_computed(seq)
             if seq.num_computed_tokens < seq.num_tokens:       # a prefill chunk: no token sampled yet
                 continue
-            seq.append_token(token_id)
+            sampled.append((seq, seq.num_tokens))
+            seq.append_token(PENDING)
+            if seq.num_completion_tokens >= seq.sampling_params.max_tokens or seq.num_tokens >= self.max_model_len:
+                self.running.remove(seq)                        # done after this token: never schedule again
+                self.finishing.append(seq)
+        return sampled
+
+    def on_result(self, seqs: list[Sequence], sampled: list[tuple[Sequence, int]], token_ids: list[int]) -> list[Sequence]:
+        """The step's sampled tokens (one per row of `seqs`) arrived: fill the placeholders, finish sequences
+        on EOS / stop tokens / length. Returns the sequences that finished."""
+        rows = {id(s): i for i, s in enumerate(seqs)}
+        finished = []
+        for seq, pos in sampled:
+            if seq.is_finished:                                 # stopped at an earlier token: discard this one
+                continue
+            token_id = token_ids[rows[id(seq)]]
+            seq.token_ids[pos] = token_id
+            if pos == seq.num_tokens - 1:
+                seq.last_token = token_id
+            self.block_manager.register_computed(seq)
             sp = seq.sampling_params
             if (not sp.ignore_eos and token_id in self.eos) or token_id in sp.stop_token_ids:
                 seq.finish_reason = "stop"
-            elif seq.num_completion_tokens >= sp.max_tokens or seq.num_tokens >= self.max_model_len:
+            elif pos + 1 - seq.num_prompt_tokens >= sp.max_tokens or pos + 1 >= self.max_model_len:
                 seq.finish_reason = "length"
             if seq.finish_reason:
+                del seq.token_ids[pos + 1:]                    # a placeholder of a step launched after this one
+                seq.num_tokens = pos + 1
                 seq.status = SequenceStatus.FINISHED
                 self.block_manager.deallocate(seq)
-                self.running.remove(seq)
+                for queue in (self.running, self.finishing, self.waiting):
+                    if seq in queue:
+                        queue.remove(seq)
                 finished.append(seq)
         return finished
+
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
+        """Synchronous form of on_launch + on_result: account the step, append its tokens, finish sequences."""
+        return self.on_result(seqs, self.on_launch(seqs), token_ids)

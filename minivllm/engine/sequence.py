@@ -6,6 +6,9 @@ from itertools import count
 from minivllm.sampling_params import SamplingParams
 
 
+PENDING = -1    # placeholder for a token still being sampled on the GPU (filled in one step later)
+
+
 class SequenceStatus(Enum):
     WAITING = auto()
     RUNNING = auto()
@@ -27,6 +30,7 @@ class Sequence:
         self.num_computed_tokens = 0     # tokens whose K/V are in the cache
         self.num_scheduled_tokens = 0    # tokens this step computes
         self.num_hashed_blocks = 0       # leading full blocks registered in the prefix cache
+        self.sample_row = -1             # row of this sequence in the last launched step (its pending token)
         self.block_table: list[int] = []
         self.sampling_params = sampling_params
         self.finish_reason: str | None = None

@@ -6,6 +6,7 @@ from torch import nn
 
 from minivllm.layers import attention_backend
 from minivllm.layers.store_kvcache import store_kvcache
+from minivllm.layers.torch_attention import store_kvcache_torch
 from minivllm.utils.context import get_context
 
 
@@ -24,9 +25,10 @@ class Attention(nn.Module):
         # q: (N, num_heads, head_dim), k/v: (N, num_kv_heads, head_dim) -> (N, num_heads, head_dim)
         context = get_context()
         k_cache, v_cache = self.k_cache, self.v_cache
-        backend = self.backend or attention_backend.select(q.device)
-        if k_cache.numel() and v_cache.numel():
-            store_kvcache(k, v, k_cache, v_cache, context.slot_mapping)
+        backend = self.backend or attention_backend.select(q.device, q.dtype)
+        if k_cache.numel() and v_cache.numel():       # Triton on GPU; index assignment on CPU (see its docstring)
+            store = store_kvcache if k_cache.is_cuda else store_kvcache_torch
+            store(k, v, k_cache, v_cache, context.slot_mapping)
         if context.is_prefill:
             if context.block_tables is not None:           # keys come from the cache: q is shorter than k
                 return attention_backend.prefill_paged(

@@ -42,18 +42,19 @@ def _fa4():
         return None
 
 
-def available(device: torch.device | str) -> list[str]:
-    if torch.device(device).type != "cuda":
+def available(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> list[str]:
+    """Backends that can run on `device` for `dtype`, fastest first (the flash kernels take fp16/bf16 only)."""
+    if torch.device(device).type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
         return ["torch"]
     return [name for name, ok in (("fa4", _fa4()), ("flash_attn", _fa2())) if ok] + ["torch"]
 
 
-def select(device: torch.device | str) -> str:
+def select(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> str:
     if _override_impl is not None:
-        if _override_impl not in available(device):
-            raise RuntimeError(f"attention backend {_override_impl!r} is not available on {device}")
+        if _override_impl not in available(device, dtype):
+            raise RuntimeError(f"attention backend {_override_impl!r} is not available on {device} for {dtype}")
         return _override_impl
-    return available(device)[0]
+    return available(device, dtype)[0]
 
 
 # --- the three calls the Attention layer makes -------------------------------------------------------

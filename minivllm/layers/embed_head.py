@@ -24,6 +24,9 @@ class VocabParallelEmbedding(nn.Module):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         shard_size = param.data.size(0)
+        if loaded_weight.size(0) != self.num_embeddings:         # narrow() would cut a longer vocabulary silently
+            raise ValueError(f"{type(self).__name__}: checkpoint shape {tuple(loaded_weight.shape)} has "
+                             f"{loaded_weight.size(0)} rows, expected vocabulary size {self.num_embeddings}")
         loaded_weight = loaded_weight.narrow(0, self.tp_rank * shard_size, shard_size)
         if tuple(param.shape) != tuple(loaded_weight.shape):
             raise ValueError(f"{type(self).__name__}: checkpoint shape {tuple(loaded_weight.shape)} does not match {tuple(param.shape)}")

@@ -5,6 +5,16 @@ from torch import nn
 from minivllm.utils.compile import compiled
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * weight over the last dim: the variance in fp32, then cast to out_dtype
+    (default x's dtype) before the weight multiplies, as transformers does."""
+    out_dtype = out_dtype or x.dtype
+    x = x.float()
+    var = x.pow(2).mean(dim=-1, keepdim=True)
+    x = x * torch.rsqrt(var + eps)
+    return x.to(out_dtype) * weight
+
+
 class RMSNorm(nn.Module):
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
@@ -14,20 +24,14 @@ class RMSNorm(nn.Module):
 
     @compiled
     def rms_forward(self, x: torch.Tensor) -> torch.Tensor:
-        orig_dtype = x.dtype
-        x = x.float()                                   # variance in fp32
-        var = x.pow(2).mean(dim=-1, keepdim=True)
-        x = x * torch.rsqrt(var + self.eps)
-        return x.to(orig_dtype) * self.weight
+        return rms_norm(x, self.weight, self.eps)
 
     @compiled
     def add_rms_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         orig_dtype = x.dtype
         x = x.float() + residual.float()                # residual add in fp32
         residual = x.to(orig_dtype)                     # the new residual is the sum
-        var = x.pow(2).mean(dim=-1, keepdim=True)
-        x = x * torch.rsqrt(var + self.eps)
-        return x.to(orig_dtype) * self.weight, residual
+        return rms_norm(x, self.weight, self.eps, orig_dtype), residual
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if x.shape[-1] != self.weight.shape[0]:

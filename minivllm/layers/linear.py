@@ -14,6 +14,13 @@ def _check_shape(param: nn.Parameter, loaded: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what}: checkpoint shape {tuple(loaded.shape)} does not match parameter shard shape {tuple(param.shape)}")
 
 
+def _check_split(loaded: torch.Tensor, dim: int, shard_size: int, tp: int, what: str) -> None:
+    """Before narrow(): a checkpoint dim longer than tp shards would otherwise be cut silently."""
+    if loaded.size(dim) != shard_size * tp:
+        raise ValueError(f"{what}: checkpoint shape {tuple(loaded.shape)} has {loaded.size(dim)} along dim {dim}, "
+                         f"expected {tp} x {shard_size}")
+
+
 class LinearBase(nn.Module):
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_dim: int | None = None) -> None:
@@ -50,6 +57,7 @@ class ColumnParallelLinear(LinearBase):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         shard_size = param.data.size(self.tp_dim)
+        _check_split(loaded_weight, self.tp_dim, shard_size, self.tp_size, type(self).__name__)
         loaded_weight = loaded_weight.narrow(self.tp_dim, self.tp_rank * shard_size, shard_size)
         _check_shape(param, loaded_weight, type(self).__name__)
         param.data.copy_(loaded_weight)
@@ -101,6 +109,7 @@ class RowParallelLinear(LinearBase):
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         if param.data.dim() == 2:
             shard_size = param.data.size(self.tp_dim)
+            _check_split(loaded_weight, self.tp_dim, shard_size, self.tp_size, type(self).__name__)
             loaded_weight = loaded_weight.narrow(self.tp_dim, self.tp_rank * shard_size, shard_size)
         _check_shape(param, loaded_weight, type(self).__name__)
         param.data.copy_(loaded_weight)

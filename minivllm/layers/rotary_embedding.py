@@ -53,9 +53,19 @@ def rope_scaling_of(config) -> dict | None:
     return None if kind == "default" else params
 
 
-@lru_cache(1)
 def get_rope(head_size: int, rotary_dim: int, max_position: int, base: float,
              rope_scaling: tuple | None = None) -> RotaryEmbedding:
+    """One RotaryEmbedding (one cos/sin table) shared by every layer of a model. Cached per device too,
+    so a model built on another device does not get (or move) this one's table."""
+    return _get_rope(head_size, rotary_dim, max_position, base, rope_scaling, torch.get_default_device())
+
+
+@lru_cache(1)
+def _get_rope(head_size: int, rotary_dim: int, max_position: int, base: float, rope_scaling: tuple | None,
+              device: torch.device) -> RotaryEmbedding:
     if rope_scaling is not None:
         raise NotImplementedError(f"rope scaling {dict(rope_scaling)} is not implemented (only plain RoPE)")
     return RotaryEmbedding(head_size, rotary_dim, max_position, base)
+
+
+get_rope.cache_clear = _get_rope.cache_clear

@@ -54,5 +54,8 @@ class Sampler(nn.Module):
             b = logits.shape[0]
             top_ks = top_ks if top_ks is not None else torch.zeros(b, dtype=torch.long, device=logits.device)
             top_ps = top_ps if top_ps is not None else torch.ones(b, device=logits.device)
-            logits = filter_top_k_top_p(logits, top_ks, top_ps)
+            t = torch.where(temperatures > 0, temperatures, 1.0)                      # (B,)
+            # temperature first, then the filters (vLLM's and HF's order: the nucleus of softmax(logits / T))
+            logits = filter_top_k_top_p(logits / t[:, None], top_ks, top_ps)
+            temperatures = (temperatures > 0).to(logits.dtype)                        # already scaled; 0 stays greedy
         return exponential_race(logits, temperatures)

@@ -38,3 +38,24 @@ def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
         return
     store_kvcache_kernel[(N,)](key, key.stride(0), value, value.stride(0), k_cache, v_cache, slot_mapping,
                                D=D, BLOCK_D=triton.next_power_of_2(D))
+
+
+# --- the seed's teaching kernel (seed 002 section 5.1): store_kvcache without K/V pairs, -1 or strides ---
+
+@triton.jit
+def scatter_kernel(src_ptr, slot_ptr, dst_ptr, D: tl.constexpr):
+    idx = tl.program_id(0)                          # program idx moves row idx of src
+    slot = tl.load(slot_ptr + idx)                  # to row slot[idx] of dst
+    offs = tl.arange(0, D)                          # (D,) column offsets; D must be a power of 2
+    row = tl.load(src_ptr + idx * D + offs)         # (D,) the whole row in one load
+    tl.store(dst_ptr + slot * D + offs, row)
+
+
+def scatter_rows(src: torch.Tensor, slot: torch.Tensor, num_rows: int | None = None) -> torch.Tensor:
+    """dst[slot[i]] = src[i] for a contiguous (N, D) src; dst is (num_rows or N, D), zeros where no row lands."""
+    N, D = src.shape
+    assert src.is_contiguous() and D == triton.next_power_of_2(D), "src must be contiguous with D a power of 2"
+    assert slot.shape == (N,), f"slot has shape {tuple(slot.shape)}, expected ({N},)"
+    dst = torch.zeros(num_rows or N, D, dtype=src.dtype, device=src.device)
+    scatter_kernel[(N,)](src, slot, dst, D=D)
+    return dst

@@ -23,7 +23,10 @@ def compile_enabled(x: torch.Tensor) -> bool:
 
 def compiled(fn):
     """Decorator: `fn(self_or_x, x, ...)` runs through torch.compile when `compile_enabled(x)`."""
-    fast = torch.compile(fn, dynamic=True)
+    # dynamic=None (automatic): compiled for the first shape, recompiled once with only the dimensions that
+    # changed (the token count) symbolic. dynamic=True would make every dimension symbolic, hidden sizes
+    # too, and the generated kernels were 5-10x slower on the H200 (benchmarks/NOTES.md).
+    fast = torch.compile(fn)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

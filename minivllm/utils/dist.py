@@ -2,6 +2,7 @@
 for tests and notebooks (gloo on CPU). Functions run by spawned processes must live in a module, not in a
 notebook cell, so they are here."""
 import os
+import pickle
 import socket
 
 import torch
@@ -42,7 +43,8 @@ def _spawn_entry(rank: int, world_size: int, port: int, fn, args, queue) -> None
     init_process_group(rank, world_size, port, "gloo")
     try:
         result = fn(rank, world_size, *args)
-        queue.put((rank, result))
+        queue.put((rank, pickle.dumps(result)))      # by value: torch would share tensors through this
+                                                     # process's fds, gone once it exits
     finally:
         dist.destroy_process_group()
 
@@ -53,7 +55,15 @@ def run_tp(fn, world_size: int = 2, args: tuple = ()) -> list:
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.start_processes(_spawn_entry, args=(world_size, free_port(), fn, args, queue),
-                       nprocs=world_size, join=True, start_method="spawn")
-    results = dict(queue.get() for _ in range(world_size))
+    context = mp.start_processes(_spawn_entry, args=(world_size, free_port(), fn, args, queue),
+                                 nprocs=world_size, join=False, start_method="spawn")
+    results = {}
+    while len(results) < world_size:         # read while they run: a large result would fill the pipe
+        if not queue.empty():
+            rank, data = queue.get()
+            results[rank] = pickle.loads(data)
+        else:
+            context.join(timeout=0.05)       # raises if a process failed
+    while not context.join():
+        pass
     return [results[r] for r in range(world_size)]

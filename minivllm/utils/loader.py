@@ -44,7 +44,8 @@ def load_model(model: nn.Module, path: str) -> None:
                 expected.discard((name, None))
                 expected.add((name, shard_id))
     loaded = set()
-    for file in checkpoint_files(path):
+    files = checkpoint_files(path)
+    for file in files:
         with safe_open(file, "pt", "cpu") as f:
             for weight_name in f.keys():
                 if weight_name.endswith(IGNORED_SUFFIXES) or (tied and weight_name == "lm_head.weight"):
@@ -66,6 +67,14 @@ def load_model(model: nn.Module, path: str) -> None:
                 except ValueError as e:
                     raise ValueError(f"tensor {weight_name!r} in {file}: {e}") from None
                 loaded.add((param_name, shard_id))
-    missing = sorted(f"{n}" + (f"[{s}]" if s is not None else "") for n, s in expected - loaded)
+    missing = sorted(checkpoint_name(n, s, packed_modules_mapping) for n, s in expected - loaded)
     if missing:
-        raise KeyError(f"checkpoint {path} is missing tensors for parameters {missing}")
+        raise KeyError(f"tensors {missing} are missing from the checkpoint files {files}")
+
+
+def checkpoint_name(param_name: str, shard_id, packed_modules_mapping: dict) -> str:
+    """The checkpoint tensor that fills (param_name, shard_id): qkv_proj + "k" -> k_proj."""
+    for k, (packed, sid) in packed_modules_mapping.items():
+        if sid == shard_id and f".{packed}." in f".{param_name}":
+            return param_name.replace(f".{packed}.", f".{k}.")
+    return param_name

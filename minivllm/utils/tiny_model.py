@@ -14,7 +14,8 @@ TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_la
             initializer_range=0.5)
 QWEN3_0_6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                   num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                  rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=1000000.0)
+                  rms_norm_eps=1e-6, tie_word_embeddings=True, rope_theta=1000000.0,
+                  initializer_range=0.02)
 
 _CORPUS = ("The quick brown fox jumps over the lazy dog. What is the capital of France? Paris is the capital. "
            "minivllm is a small inference engine: paged KV cache, prefix caching, a scheduler and CUDA graphs. ") * 20

@@ -1,0 +1,327 @@
+"""Attention over the paged KV cache (seed 000 section 7, seed 002 section 5): every available backend
+against a naive fp64 reference on ragged batches, the paged cache against a contiguous one, the prefix
+path against a full recompute, the Attention layer's three paths end to end, and the input checks."""
+import math
+
+import pytest
+import torch
+
+import minivllm  # noqa: F401  (TRITON_INTERPRET=1 without CUDA, for store_kvcache)
+from conftest import assert_close
+from minivllm.layers import attention_backend
+from minivllm.layers.attention import Attention
+from minivllm.layers.torch_attention import gather_paged
+from minivllm.utils.context import reset_context, set_context
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+HEAD_DIM = 128 if DEVICE == "cuda" else 16      # FlashAttention kernels want a real head_dim; CPU stays small
+
+# (q heads, kv heads, block size, sequence lengths): GQA 16/8 and 9/3, one long sequence among short ones
+CASES = [
+    (16, 8, 256, [2000, 1, 7, 33]),
+    (16, 8, 16, [1, 5, 17, 64, 100]),
+    (9, 3, 64, [3, 130, 64, 1, 65]),
+    (9, 3, 16, [40, 2, 16]),
+]
+CASE_IDS = [f"h{h}kv{kv}-bs{bs}-L{max(lens)}" for h, kv, bs, lens in CASES]
+
+
+# --- the reference: softmax(Q K^T / sqrt(d)) V in fp64, explicit bottom-right mask, GQA by repeat ----
+
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q (Lq, H, D), k/v (Lk, Hkv, D) of ONE sequence -> (Lq, H, D) fp64; query i sits at position Lk - Lq + i."""
+    Lq, H, _ = q.shape
+    Lk, Hkv, _ = k.shape
+    k = k.double().repeat_interleave(H // Hkv, dim=1)              # (Lk, H, D): q head h reads kv head h // group
+    v = v.double().repeat_interleave(H // Hkv, dim=1)
+    out = []
+    for start in range(0, Lq, 256):                                 # query chunks keep the (H, 256, Lk) scores small
+        qc = q[start:start + 256].double()                          # (c, H, D)
+        pos = torch.arange(start, start + qc.shape[0])[:, None] + (Lk - Lq)  # (c, 1) absolute query positions
+        seen = int(pos[-1]) + 1                                     # keys after the chunk's last query: all masked
+        scores = torch.einsum("qhd,khd->hqk", qc, k[:seen]) * scale  # (H, c, seen)
+        allowed = torch.arange(seen)[None, :] <= pos                # (c, seen) bottom-right causal
+        scores = scores.masked_fill(~allowed.to(scores.device), float("-inf"))
+        out.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), v[:seen]))
+    return torch.cat(out)
+
+
+# --- helpers: ragged batches and a paged cache ---------------------------------------------------------
+
+def dtype_for(backend: str) -> torch.dtype:
+    return torch.float32 if backend == "torch" else torch.bfloat16
+
+
+def need(backend: str, block_size: int | None = None) -> None:
+    if backend not in attention_backend.available(DEVICE):
+        pytest.skip(f"backend {backend!r} not available on {DEVICE}")
+    if backend == "flash_attn" and block_size is not None and block_size % 256:
+        pytest.skip("flash-attn's paged KV needs block_size % 256 == 0")
+
+
+BACKENDS = ["torch", pytest.param("fa4", marks=pytest.mark.gpu), pytest.param("flash_attn", marks=pytest.mark.gpu)]
+
+
+def ragged(lens: list[int], heads: int, kv_heads: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    T = sum(lens)
+    q = torch.randn(T, heads, HEAD_DIM, generator=g).to(DEVICE, dtype)        # (T, H, D)
+    k = torch.randn(T, kv_heads, HEAD_DIM, generator=g).to(DEVICE, dtype)     # (T, Hkv, D)
+    v = torch.randn(T, kv_heads, HEAD_DIM, generator=g).to(DEVICE, dtype)
+    cu = torch.tensor([0] + lens, device=DEVICE).cumsum(0).to(torch.int32)    # (S + 1,)
+    return q, k, v, cu
+
+
+def paged_layout(lens: list[int], block_size: int, shuffle: bool, spare: int = 3, seed: int = 0):
+    """Block tables (S, max_blocks) int32 padded with -1, and each token's slot; `shuffle` scatters the blocks."""
+    needed = [math.ceil(n / block_size) for n in lens]
+    num_blocks = sum(needed) + spare
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(num_blocks, generator=g) if shuffle else torch.arange(num_blocks)
+    tables = torch.full((len(lens), max(needed) + 1), -1, dtype=torch.int32)  # one extra -1 column of padding
+    slots, used = [], 0
+    for i, (n, nb) in enumerate(zip(lens, needed)):
+        tables[i, :nb] = order[used:used + nb]
+        used += nb
+        pos = torch.arange(n)
+        slots.append(tables[i, pos // block_size].long() * block_size + pos % block_size)
+    return num_blocks, tables.to(DEVICE), torch.cat(slots).to(DEVICE)
+
+
+def make_cache(num_blocks, block_size, kv_heads, dtype, k, v, slots, seed=1):
+    """Random (finite) cache, so reading a slot that is not in the context would change the result."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (num_blocks, block_size, kv_heads, HEAD_DIM)
+    k_cache = torch.randn(shape, generator=g).to(DEVICE, dtype)
+    v_cache = torch.randn(shape, generator=g).to(DEVICE, dtype)
+    k_cache.view(-1, kv_heads, HEAD_DIM)[slots] = k
+    v_cache.view(-1, kv_heads, HEAD_DIM)[slots] = v
+    return k_cache, v_cache
+
+
+def split(x: torch.Tensor, lens: list[int]) -> list[torch.Tensor]:
+    return list(x.split(lens))
+
+
+# --- prefill over fresh K/V -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("heads,kv_heads,block_size,lens", CASES, ids=CASE_IDS)
+def test_prefill_matches_reference(backend, heads, kv_heads, block_size, lens):
+    need(backend)
+    q, k, v, cu = ragged(lens, heads, kv_heads, dtype_for(backend))
+    scale = HEAD_DIM ** -0.5
+    out = attention_backend.prefill(backend, q, k, v, cu, max(lens), scale)
+    assert out.shape == q.shape
+    expected = torch.cat([naive_attention(*t, scale) for t in zip(split(q, lens), split(k, lens), split(v, lens))])
+    assert_close(out.float(), expected, dtype=q.dtype)
+
+
+# --- decode over the paged cache ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("heads,kv_heads,block_size,lens", CASES, ids=CASE_IDS)
+def test_decode_matches_reference_and_contiguous_cache(backend, heads, kv_heads, block_size, lens):
+    need(backend, block_size)
+    dtype = dtype_for(backend)
+    _, k, v, _ = ragged(lens, heads, kv_heads, dtype)
+    q = torch.randn(len(lens), heads, HEAD_DIM, generator=torch.Generator().manual_seed(5)).to(DEVICE, dtype)
+    ctx = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    scale = HEAD_DIM ** -0.5
+    outs = []
+    for shuffle in (True, False):                   # scattered blocks vs each sequence in consecutive blocks
+        num_blocks, tables, slots = paged_layout(lens, block_size, shuffle)
+        k_cache, v_cache = make_cache(num_blocks, block_size, kv_heads, dtype, k, v, slots)
+        for i, (ki, n) in enumerate(zip(split(k, lens), lens)):
+            assert torch.equal(gather_paged(k_cache, tables[i], n), ki)     # the table finds exactly our K
+        outs.append(attention_backend.decode(backend, q, k_cache, v_cache, ctx, tables, scale))
+    expected = torch.cat([naive_attention(q[i:i + 1], ki, vi, scale)
+                          for i, (ki, vi) in enumerate(zip(split(k, lens), split(v, lens)))])
+    assert_close(outs[0].float(), expected, dtype=dtype)
+    assert_close(outs[0].float(), outs[1].float(), dtype=dtype)             # paged == contiguous
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_decode_padded_rows(backend):
+    """A CUDA-graph-padded batch: rows with context 0 and all -1 tables must not disturb the real rows."""
+    need(backend, 256)
+    heads, kv_heads, block_size, lens = 4, 2, 256, [300, 5]
+    dtype = dtype_for(backend)
+    _, k, v, _ = ragged(lens, heads, kv_heads, dtype)
+    num_blocks, tables, slots = paged_layout(lens, block_size, shuffle=True)
+    k_cache, v_cache = make_cache(num_blocks, block_size, kv_heads, dtype, k, v, slots)
+    pad = 3
+    tables = torch.cat([tables, torch.full((pad, tables.shape[1]), -1, dtype=torch.int32, device=DEVICE)])
+    ctx = torch.tensor(lens + [0] * pad, dtype=torch.int32, device=DEVICE)
+    q = torch.randn(len(lens) + pad, heads, HEAD_DIM, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
+    out = attention_backend.decode(backend, q, k_cache, v_cache, ctx, tables, HEAD_DIM ** -0.5)
+    real = out[:len(lens)].float()
+    assert torch.isfinite(real).all()
+    expected = torch.cat([naive_attention(q[i:i + 1], ki, vi, HEAD_DIM ** -0.5)
+                          for i, (ki, vi) in enumerate(zip(split(k, lens), split(v, lens)))])
+    assert_close(real, expected, dtype=dtype)
+
+
+# --- prefill over the paged cache: a cached prefix (or an earlier chunk) ---------------------------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("heads,kv_heads,block_size,lens", CASES, ids=CASE_IDS)
+def test_prefix_prefill_matches_full_recompute(backend, heads, kv_heads, block_size, lens):
+    need(backend, block_size)
+    dtype = dtype_for(backend)
+    q, k, v, cu = ragged(lens, heads, kv_heads, dtype)
+    scale = HEAD_DIM ** -0.5
+    g = torch.Generator().manual_seed(7)
+    new = [int(torch.randint(1, n + 1, (1,), generator=g)) for n in lens]       # 1..n new queries, rest cached
+    num_blocks, tables, slots = paged_layout(lens, block_size, shuffle=True)
+    k_cache, v_cache = make_cache(num_blocks, block_size, kv_heads, dtype, k, v, slots)
+    q_new = torch.cat([qi[n - m:] for qi, n, m in zip(split(q, lens), lens, new)])  # (sum(new), H, D)
+    cu_q = torch.tensor([0] + new, device=DEVICE).cumsum(0).to(torch.int32)
+    ctx = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    out = attention_backend.prefill_paged(backend, q_new, k_cache, v_cache, cu_q, cu, max(new), max(lens), ctx,
+                                          tables, scale)
+    full = attention_backend.prefill(backend, q, k, v, cu, max(lens), scale)     # recompute everything
+    full_rows = torch.cat([fi[n - m:] for fi, n, m in zip(split(full, lens), lens, new)])
+    assert_close(out.float(), full_rows.float(), dtype=dtype)
+    expected = torch.cat([naive_attention(qi[n - m:], ki, vi, scale)
+                          for qi, ki, vi, n, m in zip(split(q, lens), split(k, lens), split(v, lens), lens, new)])
+    assert_close(out.float(), expected, dtype=dtype)
+
+
+# --- the Attention layer: store, then one of three paths, driven by the step context ----------------------
+
+@pytest.fixture
+def layer_backend():
+    yield
+    attention_backend.set_backend(None)
+    reset_context()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_layer_three_paths(backend, layer_backend):
+    need(backend, 256 if backend == "flash_attn" else 16)
+    attention_backend.set_backend(backend)
+    heads, kv_heads, dtype = 4, 2, dtype_for(backend)
+    block_size = 256 if backend == "flash_attn" else 16
+    scale = HEAD_DIM ** -0.5
+    layer = Attention(heads, HEAD_DIM, scale, kv_heads)
+    num_blocks = 8
+    layer.k_cache = torch.zeros(num_blocks, block_size, kv_heads, HEAD_DIM, dtype=dtype, device=DEVICE)
+    layer.v_cache = torch.zeros_like(layer.k_cache)
+    # two sequences; sequence 0 owns blocks [5, 2, ...], sequence 1 owns [0, 6, ...]
+    full_lens = [2 * block_size + 3, block_size - 1]
+    q, k, v, _ = ragged([n + 1 for n in full_lens], heads, kv_heads, dtype, seed=3)   # +1: the decode token
+    qs, ks, vs = split(q, [n + 1 for n in full_lens]), split(k, [n + 1 for n in full_lens]), split(v, [n + 1 for n in full_lens])
+    tables = torch.tensor([[5, 2, 7], [0, 6, -1]], dtype=torch.int32, device=DEVICE)
+
+    def slots_of(i, positions):
+        pos = torch.as_tensor(positions, device=DEVICE)
+        return (tables[i, pos // block_size].long() * block_size + pos % block_size).to(torch.int32)
+
+    # 1) prefill over fresh K/V (no block tables): all but the last token of each sequence
+    lens = full_lens
+    cu = torch.tensor([0] + lens, device=DEVICE).cumsum(0).to(torch.int32)
+    slot_mapping = torch.cat([slots_of(i, range(n)) for i, n in enumerate(lens)])
+    set_context(True, cu, cu, max(lens), max(lens), slot_mapping)
+    out = layer(torch.cat([x[:n] for x, n in zip(qs, lens)]), torch.cat([x[:n] for x, n in zip(ks, lens)]),
+                torch.cat([x[:n] for x, n in zip(vs, lens)]))
+    expected = torch.cat([naive_attention(qi[:n], ki[:n], vi[:n], scale) for qi, ki, vi, n in zip(qs, ks, vs, lens)])
+    assert_close(out.float(), expected, dtype=dtype)
+    for i, n in enumerate(lens):                                            # the store wrote every slot
+        assert torch.equal(gather_paged(layer.k_cache, tables[i], n), ks[i][:n])
+        assert torch.equal(gather_paged(layer.v_cache, tables[i], n), vs[i][:n])
+
+    # 2) decode one token per sequence, batch padded with two rows (slot -1, context 0, table all -1)
+    pad = 2
+    dec_tables = torch.cat([tables, torch.full((pad, 3), -1, dtype=torch.int32, device=DEVICE)])
+    dec_slots = torch.cat([slots_of(0, [lens[0]]), slots_of(1, [lens[1]]),
+                           torch.full((pad,), -1, dtype=torch.int32, device=DEVICE)])
+    ctx = torch.tensor([n + 1 for n in lens] + [0] * pad, dtype=torch.int32, device=DEVICE)
+    g = torch.Generator().manual_seed(9)
+    q_pad, kv_pad = (torch.randn(pad, h, HEAD_DIM, generator=g).to(DEVICE, dtype) for h in (heads, kv_heads))
+    cache_before = layer.k_cache.clone()
+    set_context(False, slot_mapping=dec_slots, context_lens=ctx, block_tables=dec_tables)
+    out = layer(torch.cat([qs[0][-1:], qs[1][-1:], q_pad]), torch.cat([ks[0][-1:], ks[1][-1:], kv_pad]),
+                torch.cat([vs[0][-1:], vs[1][-1:], kv_pad]))
+    expected = torch.cat([naive_attention(qi[-1:], ki, vi, scale) for qi, ki, vi in zip(qs, ks, vs)])
+    assert torch.isfinite(out[:2].float()).all()
+    assert_close(out[:2].float(), expected, dtype=dtype)
+    changed = (layer.k_cache != cache_before).flatten(2).any(-1).flatten().nonzero().flatten()
+    assert sorted(changed.tolist()) == sorted(dec_slots[:2].tolist())       # padding wrote nothing
+
+    # 3) prefix hit: a third request shares sequence 0's first (full) block and adds 5 tokens of its own
+    n_new = 5
+    g = torch.Generator().manual_seed(11)
+    q3, k3, v3 = (torch.randn(n_new, h, HEAD_DIM, generator=g).to(DEVICE, dtype) for h in (heads, kv_heads, kv_heads))
+    table3 = torch.tensor([[5, 4]], dtype=torch.int32, device=DEVICE)      # block 5 shared, block 4 its own
+    slots3 = (4 * block_size + torch.arange(n_new, device=DEVICE)).to(torch.int32)
+    total = block_size + n_new
+    set_context(True, torch.tensor([0, n_new], dtype=torch.int32, device=DEVICE),
+                torch.tensor([0, total], dtype=torch.int32, device=DEVICE), n_new, total, slots3,
+                torch.tensor([total], dtype=torch.int32, device=DEVICE), table3)
+    out = layer(q3, k3, v3)
+    k_full = torch.cat([ks[0][:block_size], k3])                            # (total, Hkv, D)
+    v_full = torch.cat([vs[0][:block_size], v3])
+    assert_close(out.float(), naive_attention(q3, k_full, v_full, scale), dtype=dtype)
+    # ... and equals the fresh-prefill path run over the whole sequence (queries for the prefix made up)
+    q_full = torch.cat([torch.randn(block_size, heads, HEAD_DIM, generator=g).to(DEVICE, dtype), q3])
+    recompute = attention_backend.prefill(backend, q_full, k_full, v_full,
+                                          torch.tensor([0, total], dtype=torch.int32, device=DEVICE), total, scale)
+    assert_close(out.float(), recompute[block_size:].float(), dtype=dtype)
+
+
+# --- bad input: clear ValueErrors -------------------------------------------------------------------------
+
+def _paged_inputs(num_blocks=4, block_size=16):
+    k_cache = torch.zeros(num_blocks, block_size, 2, 8)
+    return k_cache, k_cache.clone()
+
+
+def test_bad_input_raises_clear_errors():
+    scale = 8 ** -0.5
+    q, k = torch.randn(10, 4, 8), torch.randn(10, 2, 8)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"q/k/v token counts 10/9/9 != cu_seqlens\[-1\] = 10"):
+        attention_backend.prefill("torch", q, k[:9], k[:9], cu, 6, scale)
+    with pytest.raises(ValueError, match="multiple of its 3 kv heads"):
+        attention_backend.prefill("torch", q, torch.randn(10, 3, 8), torch.randn(10, 3, 8), cu, 6, scale)
+    with pytest.raises(ValueError, match="head_dim of k"):
+        attention_backend.prefill("torch", q, torch.randn(10, 2, 4), torch.randn(10, 2, 4), cu, 6, scale)
+    with pytest.raises(ValueError, match="must have the same shape"):
+        attention_backend.prefill("torch", q, k, torch.randn(10, 1, 8), cu, 6, scale)
+
+    k_cache, v_cache = _paged_inputs()
+    qd = torch.randn(2, 4, 8)
+    ok_ctx, ok_tables = torch.tensor([5, 20], dtype=torch.int32), torch.tensor([[0, -1], [1, 2]], dtype=torch.int32)
+    assert attention_backend.decode("torch", qd, k_cache, v_cache, ok_ctx, ok_tables, scale).shape == (2, 4, 8)
+    with pytest.raises(ValueError, match=r"block table points outside the cache: blocks 0\.\.7, cache has 4"):
+        attention_backend.decode("torch", qd, k_cache, v_cache, ok_ctx, torch.tensor([[0, -1], [1, 7]], dtype=torch.int32), scale)
+    with pytest.raises(ValueError, match=r"a context of 40 tokens is longer than the block table covers \(2 blocks x 16\)"):
+        attention_backend.decode("torch", qd, k_cache, v_cache, torch.tensor([5, 40], dtype=torch.int32), ok_tables, scale)
+    with pytest.raises(ValueError, match="3 queries but 2 context lengths"):
+        attention_backend.decode("torch", torch.randn(3, 4, 8), k_cache, v_cache, ok_ctx, ok_tables, scale)
+    with pytest.raises(ValueError, match=r"block_tables \(1, 2\) must be \(num_seqs=2, max_blocks\)"):
+        attention_backend.decode("torch", qd, k_cache, v_cache, ok_ctx, ok_tables[:1], scale)
+    with pytest.raises(ValueError, match="must both be"):
+        attention_backend.decode("torch", qd, k_cache, v_cache[:, :8], ok_ctx, ok_tables, scale)
+    with pytest.raises(ValueError, match="kv heads"):
+        attention_backend.decode("torch", torch.randn(2, 3, 8), k_cache, v_cache, ok_ctx, ok_tables, scale)
+
+    cu_q, cu_k = torch.tensor([0, 3, 6], dtype=torch.int32), torch.tensor([0, 5, 25], dtype=torch.int32)
+    qp = torch.randn(6, 4, 8)
+    assert attention_backend.prefill_paged("torch", qp, k_cache, v_cache, cu_q, cu_k, 3, 20, ok_ctx, ok_tables,
+                                           scale).shape == (6, 4, 8)
+    with pytest.raises(ValueError, match="cu_seqlens_q"):                   # 7 query tokens, cu_q ends at 6
+        attention_backend.prefill_paged("torch", torch.randn(7, 4, 8), k_cache, v_cache, cu_q, cu_k, 3, 20, ok_ctx,
+                                        ok_tables, scale)
+    with pytest.raises(ValueError, match="cu_seqlens_q"):                   # 2 sequences in cu_q, 1 context length
+        attention_backend.prefill_paged("torch", qp, k_cache, v_cache, cu_q, cu_k, 3, 20, ok_ctx[:1], ok_tables[:1],
+                                        scale)
+    with pytest.raises(ValueError, match="sequence 0: 3 queries but only 2 keys in its context"):
+        attention_backend.prefill_paged("torch", qp, k_cache, v_cache, cu_q, cu_k, 3, 20,
+                                        torch.tensor([2, 20], dtype=torch.int32), ok_tables, scale)
+    with pytest.raises(ValueError, match="block table points outside the cache"):
+        attention_backend.prefill_paged("torch", qp, k_cache, v_cache, cu_q, cu_k, 3, 20, ok_ctx,
+                                        torch.tensor([[-1, 0], [1, 2]], dtype=torch.int32), scale)
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        attention_backend.set_backend("xformers")

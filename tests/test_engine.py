@@ -1,0 +1,316 @@
+"""The whole engine (minivllm/engine/, minivllm/llm.py): `LLM.generate` greedy output equals transformers'
+greedy output on a tiny Qwen3, also when the engine is forced to preempt, to chunk prompts, to reuse the
+prefix cache, and at TP=2; running sequences keep decoding while a long prompt is chunk-prefilled; stop
+conditions; bad requests are refused with clear errors and leave the engine serving; TP workers never
+outlive their engine or their driver process."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import multiprocessing
+import psutil
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from minivllm import LLM, SamplingParams
+from minivllm.engine.sequence import SequenceStatus
+
+N = 10                                                   # tokens generated per prompt
+BS = 16                                                  # KV block size used throughout
+ARGS = dict(kvcache_block_size=BS, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=256)
+_gen = torch.Generator().manual_seed(0)
+ID_PROMPTS = [torch.randint(1, 512, (n,), generator=_gen).tolist() for n in (1, 7, 23, 40, 52)]
+SHORT_PROMPTS = [torch.randint(1, 512, (n,), generator=_gen).tolist() for n in (12, 13, 14, 15, 16)]
+TEXT_PROMPTS = ["The quick brown fox", "What is the capital of France?", "minivllm is a small inference engine"]
+GREEDY = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
+
+
+# --- the transformers reference ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hf(tiny_qwen3):
+    """greedy(prompt, n) -> transformers' n greedy tokens (cached), and the tokenizer."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
+    cache = {}
+
+    def greedy(prompt: str | list[int], n: int = N) -> list[int]:
+        ids = tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+        key = (tuple(ids), n)
+        if key not in cache:
+            with torch.no_grad():
+                out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                     do_sample=False, min_new_tokens=n, max_new_tokens=n, pad_token_id=0)
+            cache[key] = out[0, len(ids):].tolist()
+        return cache[key]
+    greedy.tokenizer = tokenizer
+    return greedy
+
+
+def engine(path: str, **kwargs) -> LLM:
+    return LLM(path, **{**ARGS, "num_kvcache_blocks": 64, **kwargs})
+
+
+def record_schedule(llm: LLM) -> list[list[tuple[int, int, int, int]]]:
+    """Wrap the scheduler: per step, (seq_id, computed, scheduled, num_tokens) of every scheduled sequence."""
+    steps, schedule = [], llm.scheduler.schedule
+
+    def wrapped():
+        seqs = schedule()
+        steps.append([(s.seq_id, s.num_computed_tokens, s.num_scheduled_tokens, s.num_tokens) for s in seqs])
+        return seqs
+    llm.scheduler.schedule = wrapped
+    return steps
+
+
+# --- equal to transformers, also under pressure -------------------------------------------------------------
+
+def test_greedy_matches_transformers(tiny_qwen3, hf):
+    llm = engine(tiny_qwen3)
+    outs = llm.generate(ID_PROMPTS + TEXT_PROMPTS, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [hf(p) for p in ID_PROMPTS + TEXT_PROMPTS]
+    assert [o.prompt_token_ids for o in outs] == ID_PROMPTS + [hf.tokenizer.encode(p) for p in TEXT_PROMPTS]
+    assert [o.prompt for o in outs] == [None] * len(ID_PROMPTS) + TEXT_PROMPTS
+    assert {o.finish_reason for o in outs} == {"length"}
+    assert outs[-1].text == hf.tokenizer.decode(outs[-1].token_ids) and outs[-1].outputs[0].text == outs[-1].text
+    assert len({tuple(o.token_ids) for o in outs}) == len(outs)          # not a degenerate model
+    single = llm.generate(TEXT_PROMPTS[0], GREEDY, use_tqdm=False)      # one prompt, not in a list
+    assert single[0].token_ids == hf(TEXT_PROMPTS[0])
+    llm.exit()
+
+
+def test_preemption_keeps_outputs(tiny_qwen3, hf):
+    # all five are admitted with one block each, then each needs a second one: 10 > 6 blocks
+    llm = engine(tiny_qwen3, num_kvcache_blocks=6)
+    outs = llm.generate(SHORT_PROMPTS, GREEDY, use_tqdm=False)
+    assert llm.scheduler.num_preemptions > 0
+    assert [o.token_ids for o in outs] == [hf(p) for p in SHORT_PROMPTS]
+    assert llm.scheduler.block_manager.num_free_blocks == 6                  # every block came back
+
+
+def test_chunked_prefill_keeps_outputs(tiny_qwen3, hf):
+    llm = engine(tiny_qwen3, max_num_batched_tokens=16, max_num_seqs=4)
+    steps = record_schedule(llm)
+    outs = llm.generate(ID_PROMPTS, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [hf(p) for p in ID_PROMPTS]
+    assert all(sum(n for _, _, n, _ in step) <= 16 for step in steps)
+    assert all(len(step) <= 4 for step in steps)
+    longest = outs[-1].request_id                                              # 52 prompt tokens
+    prefill_steps = [n for step in steps for sid, done, n, _ in step if sid == longest and done < 52]
+    assert len(prefill_steps) >= 4 and sum(prefill_steps) == 52             # 52 tokens in chunks of <= 16
+
+
+def test_prefix_cache_hits_keep_outputs(tiny_qwen3, hf):
+    prefix = torch.randint(1, 512, (3 * BS,), generator=torch.Generator().manual_seed(1)).tolist()
+    suffixes = [[7, 8, 9, 10, 11], [12, 13], [14], [15, 16, 17], [18, 19, 20, 21]]
+    prompts = [prefix + s for s in suffixes]
+    llm = engine(tiny_qwen3)
+    bm = llm.scheduler.block_manager
+    first = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
+    assert bm.num_prefix_hits == 0
+    rest = llm.generate(prompts[1:], GREEDY, use_tqdm=False)                 # admitted together: each hits 3
+    assert bm.num_prefix_hits == 3 * 4
+    exact = llm.generate([prefix], GREEDY, use_tqdm=False)                   # its last token is never matched
+    assert bm.num_prefix_hits == 3 * 4 + 2
+    assert [o.token_ids for o in first + rest + exact] == [hf(p) for p in prompts + [prefix]]
+    off = engine(tiny_qwen3, enable_prefix_caching=False)
+    off.generate(prompts, GREEDY, use_tqdm=False)
+    assert off.scheduler.block_manager.num_prefix_hits == 0
+
+
+# --- continuous batching: decodes are not starved by a long prompt ---------------------------------------
+
+def test_running_sequences_decode_while_a_long_prompt_is_chunked(tiny_qwen3, hf):
+    llm = engine(tiny_qwen3, max_num_batched_tokens=16)
+    short_prompt, long_prompt = ID_PROMPTS[1], ID_PROMPTS[4] * 2             # 7 and 104 tokens
+    sp_short = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    short_id = llm.add_request(short_prompt, sp_short)
+    short = next(s for s in llm.scheduler.waiting if s.seq_id == short_id)
+    finished = []
+    while short.num_completion_tokens == 0:
+        finished += llm.step()[0]
+    llm.add_request(long_prompt, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    long = llm.scheduler.waiting[-1]
+    chunks = 0
+    while long.num_computed_tokens < long.num_prompt_tokens:
+        before = short.num_completion_tokens
+        finished += llm.step()[0]
+        chunks += 1
+        assert short.num_completion_tokens == before + 1, "the running sequence skipped a step"
+        assert long.num_computed_tokens <= long.num_prompt_tokens
+    assert chunks >= 7                                                       # 104 tokens, <= 15 per step
+    while not llm.is_finished():
+        finished += llm.step()[0]
+    assert {s.seq_id: s.completion_token_ids for s in finished} == {short.seq_id: hf(short_prompt, 20),
+                                                                    long.seq_id: hf(long_prompt, 3)}
+
+
+# --- stop conditions, ordering, per-prompt parameters, seeds -----------------------------------------------
+
+@pytest.fixture(scope="module")
+def eos_model(tiny_qwen3, hf, tmp_path_factory) -> tuple[str, list[int]]:
+    """A copy of the tiny model whose EOS row of the tied embedding is 1.01 x the row of the token greedy
+    picks third, so greedy emits the real EOS <|endoftext|> there. Returns (path, prompt)."""
+    path = str(tmp_path_factory.mktemp("eos_model"))
+    shutil.copytree(tiny_qwen3, path, dirs_exist_ok=True)
+    prompt, eos = ID_PROMPTS[2], hf.tokenizer.eos_token_id
+    weights = load_file(os.path.join(path, "model.safetensors"))
+    emb = weights["model.embed_tokens.weight"]
+    emb[eos] = 1.01 * emb[hf(prompt)[2]]
+    save_file(weights, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    return path, prompt
+
+
+def test_eos_stops_unless_ignored_and_special_tokens_are_stripped(eos_model):
+    path, prompt = eos_model
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    eos = tokenizer.eos_token_id
+    ref = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=N, pad_token_id=eos)
+    ref = ref[0, len(prompt):].tolist()                     # transformers stops at EOS too
+    assert ref[-1] == eos and len(ref) < N
+    llm = engine(path)
+    stop, go_on = llm.generate([prompt, prompt], [SamplingParams(temperature=0, max_tokens=N),
+                                                  SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)],
+                               use_tqdm=False)
+    assert stop.token_ids == ref and stop.finish_reason == "stop"
+    assert go_on.token_ids[:len(ref)] == ref and len(go_on.token_ids) == N and go_on.finish_reason == "length"
+    for out in (stop, go_on):
+        assert "<|endoftext|>" in tokenizer.decode(out.token_ids)
+        assert "<|endoftext|>" not in out.text
+        assert out.text == tokenizer.decode(out.token_ids, skip_special_tokens=True)
+
+
+def test_stop_tokens_max_tokens_order_and_per_prompt_params(tiny_qwen3, hf):
+    llm = engine(tiny_qwen3)
+    ref = hf(ID_PROMPTS[3])
+    stop_at = ref.index(ref[4])
+    params = [SamplingParams(temperature=0, max_tokens=N, ignore_eos=True),           # finishes last
+              SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=N, ignore_eos=True, stop_token_ids=[ref[4]]),
+              SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)]
+    prompts = [ID_PROMPTS[0], ID_PROMPTS[1], ID_PROMPTS[3], ID_PROMPTS[4]]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.prompt_token_ids for o in outs] == prompts                               # input order
+    assert [o.token_ids for o in outs] == [hf(prompts[0]), hf(prompts[1])[:1], ref[:stop_at + 1], hf(prompts[3])[:4]]
+    assert [o.finish_reason for o in outs] == ["length", "length", "stop", "length"]
+    with pytest.raises(ValueError, match="2 sampling params for 4 prompts"):
+        llm.generate(prompts, params[:2], use_tqdm=False)
+    assert llm.is_finished()
+
+
+def test_seeded_sampling_is_reproducible(tiny_qwen3):
+    sp = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, max_tokens=N, ignore_eos=True)
+
+    def sample(seed: int) -> list[list[int]]:
+        llm = engine(tiny_qwen3, seed=seed)
+        return [o.token_ids for o in llm.generate(ID_PROMPTS[:3], sp, use_tqdm=False)]
+    a, b, c = sample(1), sample(1), sample(2)
+    assert a == b
+    assert a != c
+
+
+# --- bad input: a clear error, and the engine keeps serving ------------------------------------------------
+
+@pytest.mark.parametrize("prompt, sp, message", [
+    ([], GREEDY, "empty prompt"),
+    ("", GREEDY, "empty prompt"),
+    (list(range(1, 101)), SamplingParams(max_tokens=40), "exceeds max_model_len 128"),
+    (list(range(1, 61)), SamplingParams(max_tokens=10), "needs 5 KV blocks; the cache has only 4"),
+    ([5, 512], GREEDY, r"token ids \[512\] are outside the vocabulary \[0, 512\)"),
+    ([-1, 5], GREEDY, r"token ids \[-1\] are outside the vocabulary"),
+    ([5], "greedy", "sampling params must be a SamplingParams"),
+])
+def test_bad_request_is_refused_and_the_engine_keeps_serving(tiny_qwen3, hf, prompt, sp, message):
+    llm = engine(tiny_qwen3, num_kvcache_blocks=4)
+    good = ID_PROMPTS[2]
+    with pytest.raises((ValueError, TypeError), match=message):
+        llm.generate([good, prompt], [GREEDY, sp], use_tqdm=False)
+    assert llm.is_finished()                                                 # nothing of the batch was queued
+    # add_request: the refused one never enters the queue, the queued ones complete
+    first = llm.add_request(good, GREEDY)
+    with pytest.raises((ValueError, TypeError), match=message):
+        llm.add_request(prompt, sp)
+    second = llm.add_request(ID_PROMPTS[1], GREEDY)
+    done = {}
+    while not llm.is_finished():
+        done.update({s.seq_id: s.completion_token_ids for s in llm.step()[0]})
+    assert done == {first: hf(good), second: hf(ID_PROMPTS[1])}
+    assert llm.generate([good], GREEDY, use_tqdm=False)[0].token_ids == hf(good)   # and the next call works
+
+
+@pytest.mark.parametrize("kwargs, message", [(dict(max_tokens=0), "max_tokens must be an integer >= 1"),
+                                             (dict(temperature=-0.5), "temperature must be >= 0"),
+                                             (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+                                             (dict(top_k=-1), "top_k must be an integer >= 0")])
+def test_bad_sampling_params(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_unknown_engine_arguments_are_named(tiny_qwen3):
+    with pytest.raises(TypeError, match=r"unknown engine argument\(s\) \['max_num_seq', 'temprature'\]"):
+        LLM(tiny_qwen3, max_num_seq=4, temprature=0.5)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        LLM(os.path.join(tiny_qwen3, "missing"))
+    with pytest.raises(ValueError, match="max_num_seqs must be >= 1"):
+        LLM(tiny_qwen3, max_num_seqs=0)
+
+
+# --- tensor-parallel workers --------------------------------------------------------------------------------
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.slow
+def test_two_tp2_engines_coexist_and_exit_cleanly(tiny_qwen3, hf):
+    a = engine(tiny_qwen3, tensor_parallel_size=2)
+    b = engine(tiny_qwen3, tensor_parallel_size=2, num_kvcache_blocks=6)     # b preempts as well
+    workers = [p.pid for p in a.processes + b.processes]
+    assert len(set(workers)) == 2 and all(alive(pid) for pid in workers)
+    assert [o.token_ids for o in a.generate(ID_PROMPTS, GREEDY, use_tqdm=False)] == [hf(p) for p in ID_PROMPTS]
+    assert [o.token_ids for o in b.generate(SHORT_PROMPTS, GREEDY, use_tqdm=False)] == [hf(p) for p in SHORT_PROMPTS]
+    assert b.scheduler.num_preemptions > 0
+    a.exit()
+    assert [o.token_ids for o in b.generate(TEXT_PROMPTS, GREEDY, use_tqdm=False)] == [hf(p) for p in TEXT_PROMPTS]
+    b.exit()
+    assert not any(alive(pid) for pid in workers)
+    assert not {p.pid for p in multiprocessing.active_children()} & set(workers)
+    single = engine(tiny_qwen3)                                              # TP=1 after TP engines in this process
+    assert single.generate(ID_PROMPTS[:1], GREEDY, use_tqdm=False)[0].token_ids == hf(ID_PROMPTS[0])
+
+
+DRIVER = textwrap.dedent("""
+    import sys, time
+    from minivllm import LLM, SamplingParams
+    llm = LLM(sys.argv[1], tensor_parallel_size=2, num_kvcache_blocks=8, kvcache_block_size=16, max_model_len=64,
+              max_num_batched_tokens=64, max_num_seqs=2)
+    llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    print(*[p.pid for p in llm.processes], flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.mark.slow
+def test_workers_exit_when_the_driver_is_killed(tiny_qwen3):
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, tiny_qwen3], stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(pid) for pid in driver.stdout.readline().split()]
+        assert len(workers) == 1 and alive(workers[0])
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    deadline = time.time() + 10
+    while any(alive(pid) for pid in workers) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(pid) for pid in workers), "a TP worker outlived its killed driver"

@@ -1,0 +1,217 @@
+"""The sampler (minivllm/layers/sampler.py, seed 000 section 9): the exponential race draws from the right
+distribution (chi-square against the exact probabilities and against torch.multinomial), temperature,
+greedy rows, per-row top-k / top-p, and input validation. Every statistical test also shows that a wrong
+sampler fails it, so the tests have power. Many draws are one batched call on a repeated logits row."""
+import pytest
+import torch
+
+from minivllm.layers.sampler import Sampler, filter_top_k_top_p
+from minivllm.sampling_params import SamplingParams
+
+N = 40_000            # draws per distribution: expected counts >= ~800 for the rarest token used below
+# upper 0.001 quantiles of the chi-square distribution, chi2.ppf(0.999, df) (standard tables)
+CHI2_999 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458, 7: 24.322, 8: 26.124,
+            9: 27.877, 10: 29.588, 11: 31.264, 12: 32.909, 13: 34.528, 14: 36.123, 15: 37.697}
+PROBS = torch.tensor([0.30, 0.22, 0.16, 0.12, 0.08, 0.06, 0.04, 0.02], dtype=torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+# --- chi-square helpers ------------------------------------------------------------------------------
+
+def counts(ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    return torch.bincount(ids.flatten(), minlength=vocab).double()                # (V,)
+
+
+def chi2_gof(ids: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
+    """Goodness of fit of samples `ids` to `probs` (V,). Tokens of probability 0 must never appear."""
+    observed = counts(ids, probs.numel())
+    support = probs > 0
+    assert observed[~support].sum() == 0, f"tokens {(~support & (observed > 0)).nonzero().flatten().tolist()} have p = 0"
+    expected = ids.numel() * probs.double()[support] / probs.double()[support].sum()
+    return float(((observed[support] - expected) ** 2 / expected).sum()), int(support.sum()) - 1
+
+
+def chi2_two_sample(a: torch.Tensor, b: torch.Tensor, vocab: int) -> tuple[float, int]:
+    """Homogeneity of two equally sized samples: sum (a_i - b_i)^2 / (a_i + b_i), df = cells - 1."""
+    ca, cb = counts(a, vocab), counts(b, vocab)
+    assert a.numel() == b.numel()
+    used = (ca + cb) > 0
+    return float(((ca - cb)[used] ** 2 / (ca + cb)[used]).sum()), int(used.sum()) - 1
+
+
+def fits(stat_df: tuple[float, int]) -> bool:
+    stat, df = stat_df
+    return df == 0 or stat < CHI2_999[df]          # df = 0: one token, the support check said it all
+
+
+def sample(logits_row: torch.Tensor, n: int = N, temperature: float = 1.0, top_k: int | None = None,
+           top_p: float | None = None) -> torch.Tensor:
+    """n draws from one logits row in one batched Sampler call: (n,) token ids."""
+    logits = logits_row.float().repeat(n, 1)                                       # (n, V)
+    temps = torch.full((n,), float(temperature))
+    top_ks = torch.full((n,), top_k, dtype=torch.long) if top_k is not None else None
+    top_ps = torch.full((n,), float(top_p)) if top_p is not None else None
+    return Sampler()(logits, temps, top_ks, top_ps)
+
+
+def reference_probs(logits_row: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
+    """What sampling with these parameters must draw from, written plainly (vLLM's order): softmax(l / T),
+    keep the k most likely, renormalise, keep the smallest prefix whose mass >= p, renormalise."""
+    probs = torch.softmax(logits_row.double() / temperature, dim=-1)
+    order = probs.argsort(descending=True).tolist()
+    kept = order[:top_k] if top_k > 0 else order
+    total = sum(probs[i].item() for i in kept)
+    nucleus, mass = [], 0.0
+    for i in kept:
+        nucleus.append(i)
+        mass += probs[i].item() / total
+        if mass >= top_p:
+            break
+    out = torch.zeros_like(probs)
+    out[nucleus] = probs[nucleus] / probs[nucleus].sum()
+    return out
+
+
+# --- the exponential race ----------------------------------------------------------------------------
+
+def test_chi2_table_matches_scipy():
+    chi2 = pytest.importorskip("scipy.stats").chi2
+    for df, crit in CHI2_999.items():
+        assert abs(chi2.ppf(0.999, df) - crit) < 1e-3
+
+
+def test_exponential_race_samples_p():
+    ids = sample(PROBS.log())
+    assert fits(chi2_gof(ids, PROBS))
+    reference = torch.multinomial(PROBS, N, replacement=True)
+    assert fits(chi2_two_sample(ids, reference, PROBS.numel()))
+
+
+def test_wrong_samplers_fail_the_same_tests():
+    """Power check: the statistics above reject samplers that are close to right but wrong."""
+    p = PROBS.float().repeat(N, 1)                                                 # (N, V)
+    e = torch.empty_like(p).exponential_(1)
+    u = torch.rand_like(p)
+    reference = torch.multinomial(PROBS, N, replacement=True)
+    for wrong in ((p * e).argmax(-1), (p / u).argmax(-1), (p / e.sqrt()).argmax(-1)):
+        assert not fits(chi2_gof(wrong, PROBS))
+        assert not fits(chi2_two_sample(wrong, reference, PROBS.numel()))
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_temperature_samples_softmax_of_logits_over_t(temperature):
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5])
+    ids = sample(logits, temperature=temperature)
+    assert fits(chi2_gof(ids, torch.softmax(logits.double() / temperature, -1)))
+    assert not fits(chi2_gof(ids, torch.softmax(logits.double(), -1)))          # ignoring T is caught
+
+
+def test_temperature_zero_rows_are_argmax_in_a_mixed_batch():
+    logits = torch.randn(64, 50) * 3                                               # (B, V)
+    temps = torch.tensor([0.0, 1.0] * 32)
+    greedy = logits.argmax(-1)
+    hot_differs = 0
+    for filters in (None, (torch.tensor([0, 5] * 32), torch.tensor([1.0, 0.9] * 32))):
+        for _ in range(20):
+            ids = Sampler()(logits, temps, *(filters or ()))
+            assert torch.equal(ids[0::2], greedy[0::2])                            # T = 0: exactly argmax
+            hot_differs += int((ids[1::2] != greedy[1::2]).sum())
+    assert hot_differs > 0                                                         # T = 1 rows really sample
+
+
+# --- top-k and top-p -------------------------------------------------------------------------------
+
+LOGITS = torch.tensor([0.3, 2.0, -1.0, 1.2, 0.9, 1.7, -0.4, 0.0, 0.6, 1.4])      # V = 10, unsorted on purpose
+
+
+def test_top_k_keeps_only_the_k_best():
+    ids = sample(LOGITS, top_k=3)
+    assert set(ids.unique().tolist()) == set(LOGITS.topk(3).indices.tolist())
+    expected = reference_probs(LOGITS, top_k=3)
+    assert fits(chi2_gof(ids, expected))
+    assert not fits(chi2_gof(ids, reference_probs(LOGITS, top_k=4)))
+
+
+@pytest.mark.parametrize("top_p, nucleus", [(1e-6, 1), (0.3, 2), (0.7, 4), (0.9, 7), (1.0, 10)])
+def test_top_p_keeps_only_the_nucleus(top_p, nucleus):
+    expected = reference_probs(LOGITS, top_p=top_p)
+    probs = torch.softmax(LOGITS.double(), -1)
+    order = probs.argsort(descending=True)
+    assert int((expected > 0).sum()) == nucleus
+    assert set((expected > 0).nonzero().flatten().tolist()) == set(order[:nucleus].tolist())
+    assert probs[order[:nucleus]].sum() >= top_p and (nucleus == 1 or probs[order[:nucleus - 1]].sum() < top_p)
+    ids = sample(LOGITS, top_p=top_p)
+    assert set(ids.unique().tolist()) == set(order[:nucleus].tolist())            # first token always kept
+    assert fits(chi2_gof(ids, expected))
+
+
+def test_top_p_is_taken_after_temperature():
+    """vLLM's and HF's order: the nucleus of softmax(logits / T), not of softmax(logits)."""
+    ids = sample(LOGITS, temperature=3.0, top_p=0.5)
+    expected = reference_probs(LOGITS, temperature=3.0, top_p=0.5)
+    assert int((expected > 0).sum()) != int((reference_probs(LOGITS, top_p=0.5) > 0).sum())
+    assert fits(chi2_gof(ids, expected))
+
+
+def test_per_row_k_p_and_temperature_in_one_batch():
+    groups = [(1.0, 0, 1.0), (1.0, 3, 1.0), (1.0, 0, 0.6), (0.7, 4, 0.8), (2.0, 0, 0.5), (1.5, 6, 0.95), (0.0, 2, 0.5)]
+    g = len(groups)
+    rows = torch.arange(g * 12_000) % g                                           # groups interleaved row by row
+    temps = torch.tensor([t for t, _, _ in groups])[rows]
+    top_ks = torch.tensor([k for _, k, _ in groups])[rows]
+    top_ps = torch.tensor([p for _, _, p in groups])[rows]
+    ids = Sampler()(LOGITS.repeat(rows.numel(), 1), temps, top_ks, top_ps)
+    for i, (t, k, p) in enumerate(groups):
+        got = ids[rows == i]
+        if t == 0:
+            assert (got == LOGITS.argmax()).all()
+            continue
+        expected = reference_probs(LOGITS, t, k, p)
+        assert set(got.unique().tolist()) == set((expected > 0).nonzero().flatten().tolist()), (t, k, p)
+        assert fits(chi2_gof(got, expected)), (t, k, p)
+
+
+def test_k_zero_and_p_one_mean_off():
+    logits = torch.randn(256, 40)
+    off_k, off_p = torch.zeros(256, dtype=torch.long), torch.ones(256)
+    assert torch.equal(filter_top_k_top_p(logits, off_k, off_p), logits)
+    temps = torch.rand(256) + 0.5
+    torch.manual_seed(1)
+    plain = Sampler()(logits, temps)
+    torch.manual_seed(1)
+    filtered = Sampler()(logits, temps, off_k, off_p)
+    assert torch.equal(plain, filtered)                                           # same noise, same draws
+    kept = filter_top_k_top_p(logits, torch.full((256,), 3), off_p).isfinite().sum(-1)
+    assert (kept == 3).all()
+
+
+# --- bad input ---------------------------------------------------------------------------------------
+
+def test_sampler_rejects_bad_shapes():
+    sampler = Sampler()
+    with pytest.raises(ValueError, match=r"logits must be \(num_seqs, vocab\)"):
+        sampler(torch.randn(8), torch.ones(8))
+    with pytest.raises(ValueError, match=r"logits must be \(num_seqs, vocab\)"):
+        sampler(torch.randn(2, 3, 8), torch.ones(2))
+    with pytest.raises(ValueError, match=r"temperatures must have shape \(4,\)"):
+        sampler(torch.randn(4, 8), torch.ones(3))
+    with pytest.raises(ValueError, match=r"top_ks must have shape \(4,\)"):
+        sampler(torch.randn(4, 8), torch.ones(4), torch.zeros(5, dtype=torch.long), torch.ones(4))
+    with pytest.raises(ValueError, match=r"top_ps must have shape \(4,\)"):
+        sampler(torch.randn(4, 8), torch.ones(4), None, torch.ones(4, 1))
+
+
+@pytest.mark.parametrize("field, value", [("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1),
+                                          ("max_tokens", 0), ("top_k", 2.5)])
+def test_sampling_params_validation_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_sampling_params_accepts_the_edges():
+    sp = SamplingParams(temperature=0, top_k=0, top_p=1.0, max_tokens=1)
+    assert (sp.temperature, sp.top_k, sp.top_p, sp.max_tokens) == (0, 0, 1.0, 1)
