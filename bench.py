@@ -161,7 +161,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/throughput_<device>.json)")
     args = ap.parse_args()
     cpu = args.cpu or not torch.cuda.is_available()
-    defaults = (8, 64, 32) if cpu else (256, 1024, 1024)
+    defaults = (32, 256, 128) if cpu else (256, 1024, 1024)
     args.num_seqs = args.num_seqs or defaults[0]
     args.max_input_len = args.max_input_len or defaults[1]
     args.max_output_len = args.max_output_len or defaults[2]

@@ -40,6 +40,7 @@ def answers(stdout: str) -> tuple[list[str], list[str], tuple[int, int]]:
     return prompts, texts, (int(m[1]), int(m[2]))
 
 
+@pytest.mark.slow
 def test_python_m_minivllm_stdin_with_chat_template(chat_model):
     prompts = ["The quick brown fox", "What is the capital of France?"]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}

@@ -3,6 +3,7 @@ greedy output on a tiny Qwen3, also when the engine is forced to preempt, to chu
 prefix cache, and at TP=2; running sequences keep decoding while a long prompt is chunk-prefilled; stop
 conditions; bad requests are refused with clear errors and leave the engine serving; TP workers never
 outlive their engine or their driver process."""
+import multiprocessing
 import os
 import shutil
 import signal
@@ -11,7 +12,6 @@ import sys
 import textwrap
 import time
 
-import multiprocessing
 import psutil
 import pytest
 import torch
@@ -19,7 +19,6 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.sequence import SequenceStatus
 
 N = 10                                                   # tokens generated per prompt
 BS = 16                                                  # KV block size used throughout

@@ -6,7 +6,7 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch.multiprocessing as mp
-from tqdm.auto import tqdm
+from tqdm import tqdm
 from transformers import AutoTokenizer, GenerationConfig
 
 from minivllm.config import Config

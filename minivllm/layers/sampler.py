@@ -16,7 +16,8 @@ def check_sampling_tensors(logits: torch.Tensor, temperatures: torch.Tensor,
             raise ValueError(f"Sampler: {name} must have shape ({logits.shape[0]},), got {tuple(t.shape)}")
 
 
-@compiled
+# not compiled: the sort dominates, and torch 2.11's inductor failed to generate the cumsum once the vocabulary
+# dimension became dynamic (a second model in one process; benchmarks/RESULTS.md)
 def filter_top_k_top_p(logits: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
     """Set to -inf every logit outside each row's top-k (k = 0: all) and top-p nucleus (p = 1: all)."""
     vocab = logits.shape[-1]

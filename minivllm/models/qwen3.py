@@ -7,10 +7,9 @@ from torch import nn
 from minivllm.layers.activation import SiluAndMul
 from minivllm.layers.attention import Attention
 from minivllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
-from minivllm.layers.layernorm import RMSNorm, rms_norm
+from minivllm.layers.layernorm import RMSNorm
 from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from minivllm.layers.rotary_embedding import apply_rotary_emb, get_rope, rope_scaling_of, rope_theta_of
-from minivllm.utils.compile import compiled
+from minivllm.layers.rotary_embedding import get_rope, rope_scaling_of, rope_theta_of
 from minivllm.utils.dist import divide, tp_size
 
 # architecture -> (q/k/v bias, o_proj bias, QK-norm), as in transformers; None = config.attention_bias
@@ -27,17 +26,6 @@ def architecture_of(hf_config) -> str:
         if arch in ARCHITECTURES:
             return arch
     raise ValueError(f"unsupported architecture {archs}: minivllm supports {sorted(ARCHITECTURES)}")
-
-
-@compiled
-def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor,
-                 k_weight: torch.Tensor, eps: float, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q_norm, k_norm and RoPE in one compiled function: the same arithmetic as RMSNorm.rms_forward and
-    RotaryEmbedding.forward, fused into one or two kernels instead of three (they are tiny in decode, so
-    their launch and latency cost dominates: benchmarks/NOTES.md)."""
-    q, k = rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps)            # per-head RMSNorm
-    cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)                   # 2 x (N, 1, head_dim / 2)
-    return apply_rotary_emb(q, cos, sin), apply_rotary_emb(k, cos, sin)
 
 
 class Qwen3Attention(nn.Module):
@@ -71,11 +59,10 @@ class Qwen3Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)                          # (N, heads, head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)                       # (N, kv_heads, head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:                                                       # per-head RMSNorm (Qwen3), then RoPE
-            q, k = qk_norm_rope(positions, q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
-                                self.rotary_emb.cos_sin_cache)
-        else:
-            q, k = self.rotary_emb(positions, q, k)
+        if self.qk_norm:                                                       # per-head RMSNorm (Qwen3)
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
         o = self.attn(q, k, v)                                                 # (N, heads, head_dim)
         return self.o_proj(o.flatten(1, -1))                                   # (N, hidden)
 
