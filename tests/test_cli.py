@@ -1,7 +1,6 @@
 """The command line (minivllm/__main__.py) on a tiny checkpoint: `python -m minivllm` reads prompts from stdin,
 applies the chat template and prints the same answers as `LLM.generate`; prompts from argv and every flag
 reach the engine; bad values exit with a one-line message, never a traceback."""
-import ast
 import io
 import os
 import re
@@ -33,8 +32,8 @@ def chat_model(tiny_qwen3, tmp_path_factory) -> str:
 
 def answers(stdout: str) -> tuple[list[str], list[str], tuple[int, int]]:
     """(prompts, answers, (requests, tokens)) from what the command line printed."""
-    prompts = [ast.literal_eval(line[len("Prompt: "):]) for line in stdout.splitlines() if line.startswith("Prompt: ")]
-    texts = [ast.literal_eval(line[len("Answer: "):]) for line in stdout.splitlines() if line.startswith("Answer: ")]
+    pairs = re.findall(r"Prompt: (.*?)\nAnswer: (.*?)\n\n(?=Prompt: |\d+ requests)", stdout, flags=re.DOTALL)
+    prompts, texts = [p for p, _ in pairs], [a for _, a in pairs]
     m = THROUGHPUT.match(stdout.strip().splitlines()[-1])
     assert m, f"no throughput line at the end of {stdout!r}"
     return prompts, texts, (int(m[1]), int(m[2]))
@@ -55,7 +54,7 @@ def test_python_m_minivllm_stdin_with_chat_template(chat_model):
                                                    tokenize=False) for p in prompts]
     assert templated[0] == "<|user|>The quick brown fox\n<|bot|>"
     expected = llm.generate(templated, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
-    assert texts == [o.text for o in expected]
+    assert texts == [o.text.strip() for o in expected]
 
 
 def test_prompts_from_argv_and_flags(tiny_qwen3, capsys):
@@ -66,7 +65,7 @@ def test_prompts_from_argv_and_flags(tiny_qwen3, capsys):
     assert printed == ["Paris is", "minivllm"] and counts == (2, 10)
     llm = LLM(tiny_qwen3, seed=3, enforce_eager=True)
     sp = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_tokens=5, ignore_eos=True)
-    assert texts == [o.text for o in llm.generate(["Paris is", "minivllm"], sp, use_tqdm=False)]
+    assert texts == [o.text.strip() for o in llm.generate(["Paris is", "minivllm"], sp, use_tqdm=False)]
     assert main(argv) == 0                                           # the same seed, the same answers
     assert answers(capsys.readouterr().out)[1] == texts
 
