@@ -173,10 +173,16 @@ class LLMEngine:
         seq_ids = [self.add_request(p, sp, ids) for p, sp, ids in zip(prompts, sampling_params, token_ids)]
         outputs: dict[int, RequestOutput] = {}
         pbar = tqdm(total=len(prompts), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
+        t0, tokens = time.perf_counter(), {True: 0, False: 0}          # computed tokens: prefill, decode
         for finished in self.run_until_done():
             for seq in finished:
                 outputs[seq.seq_id] = self.output(seq)
             pbar.update(len(finished))
+            if use_tqdm:
+                record, dt = self.step_log[-1], max(time.perf_counter() - t0, 1e-9)
+                tokens[record.is_prefill] += record.num_tokens
+                pbar.set_postfix(prefill=f"{tokens[True] / dt:.0f}tok/s", decode=f"{tokens[False] / dt:.0f}tok/s",
+                                 refresh=False)
         pbar.close()
         return [outputs[i] for i in seq_ids]
 
