@@ -212,6 +212,8 @@ class ModelRunner:
     def prepare_sample(self, seqs: list[Sequence]):
         sp = [s.sampling_params for s in seqs]
         n = len(seqs)
+        if all(p.temperature == 0 for p in sp):                 # all greedy: argmax, no noise, no filters
+            return None, None, None
         host_floats = self.host_floats_pair[self.parity]
         floats = host_floats.numpy()
         floats[:n] = [p.temperature for p in sp]

@@ -44,12 +44,15 @@ def exponential_race(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.
 
 class Sampler(nn.Module):
 
-    def forward(self, logits: torch.Tensor, temperatures: torch.Tensor,
+    def forward(self, logits: torch.Tensor, temperatures: torch.Tensor | None,
                 top_ks: torch.Tensor | None = None, top_ps: torch.Tensor | None = None) -> torch.Tensor:
         """logits (B, V), temperatures (B,) float (0 = greedy), top_ks (B,) int (0 = off), top_ps (B,)
-        float in (0, 1] (1 = off). top_ks / top_ps may be None when no row filters (skips the sort).
+        float in (0, 1] (1 = off). top_ks / top_ps may be None when no row filters (skips the sort);
+        temperatures None when every row is greedy (skips the noise: the filters cannot change an argmax).
         Returns (B,) int64 token ids."""
         check_sampling_tensors(logits, temperatures, top_ks, top_ps)
+        if temperatures is None:
+            return logits.argmax(dim=-1)
         logits = logits.float()
         if top_ks is not None or top_ps is not None:
             b = logits.shape[0]
