@@ -128,21 +128,36 @@ class LLMEngine:
 
     # --- the loop --------------------------------------------------------------------------------------
 
-    def step(self) -> tuple[list[Sequence], int, bool]:
-        """One scheduled step. Returns (finished sequences, tokens computed, whether it was a prefill step)."""
+    def _launch(self) -> tuple | None:
+        """Schedule one step and launch it without waiting. None when nothing can be scheduled now."""
         t0 = time.perf_counter()
         seqs = self.scheduler.schedule()
         if not seqs:
-            raise RuntimeError("scheduler produced an empty step while requests are pending")
+            return None
         is_prefill = any(s.num_scheduled_tokens != 1 or s.num_computed_tokens != s.num_tokens - 1 for s in seqs)
-        num_tokens = sum(s.num_scheduled_tokens for s in seqs)
+        record = StepRecord(is_prefill, len(seqs), sum(s.num_scheduled_tokens for s in seqs), 0.0, 0.0, 0.0)
         t1 = time.perf_counter()
-        token_ids = self.model_runner.step(seqs, is_prefill)
-        t2 = time.perf_counter()
-        finished = self.scheduler.postprocess(seqs, token_ids)
-        t3 = time.perf_counter()
-        self.step_log.append(StepRecord(is_prefill, len(seqs), num_tokens, t1 - t0, t2 - t1, t3 - t2))
-        return finished, num_tokens, is_prefill
+        handle = self.model_runner.launch(seqs, is_prefill)
+        sampled = self.scheduler.on_launch(seqs)
+        record.schedule, record.run = t1 - t0, time.perf_counter() - t1
+        return seqs, sampled, handle, record
+
+    def _finish(self, launched: tuple) -> list[Sequence]:
+        """Wait for a launched step's tokens and account them. Returns the sequences that finished."""
+        seqs, sampled, handle, record = launched
+        t = time.perf_counter()
+        finished = self.scheduler.on_result(seqs, sampled, handle.result())
+        record.postprocess = time.perf_counter() - t
+        self.step_log.append(record)
+        return finished
+
+    def step(self) -> tuple[list[Sequence], int, bool]:
+        """One step, waited for. Returns (finished sequences, tokens computed, whether it was a prefill step)."""
+        launched = self._launch()
+        if launched is None:
+            raise RuntimeError("scheduler produced an empty step while requests are pending")
+        record = launched[3]
+        return self._finish(launched), record.num_tokens, record.is_prefill
 
     def is_finished(self) -> bool:
         return self.scheduler.is_finished()
@@ -194,28 +209,13 @@ class LLMEngine:
         back only afterwards. The host work of a step hides behind the GPU work of the previous one. With
         tensor parallelism the workers need the tokens on the host, so each step waits for its own."""
         overlap = self.config.tensor_parallel_size == 1
-        in_flight = None                                       # (seqs, sampled placeholders, handle, record)
+        in_flight = None                                       # a launched step whose tokens are not read yet
         while not self.scheduler.is_finished() or in_flight:
-            t0 = time.perf_counter()
-            seqs = self.scheduler.schedule() if not self.scheduler.is_finished() else []
-            launched = None
-            if seqs:
-                is_prefill = any(s.num_scheduled_tokens != 1 or s.num_computed_tokens != s.num_tokens - 1 for s in seqs)
-                record = StepRecord(is_prefill, len(seqs), sum(s.num_scheduled_tokens for s in seqs), 0.0, 0.0, 0.0)
-                t1 = time.perf_counter()
-                handle = self.model_runner.launch(seqs, is_prefill)
-                sampled = self.scheduler.on_launch(seqs)
-                record.schedule, record.run = t1 - t0, time.perf_counter() - t1
-                launched = (seqs, sampled, handle, record)
-            elif in_flight is None:
+            launched = self._launch() if not self.scheduler.is_finished() else None
+            if launched is None and in_flight is None:
                 raise RuntimeError("scheduler produced an empty step while requests are pending")
             if not overlap and launched:
                 in_flight, launched = launched, None
             if in_flight:
-                t2 = time.perf_counter()
-                done_seqs, sampled, handle, record = in_flight
-                finished = self.scheduler.on_result(done_seqs, sampled, handle.result())
-                record.postprocess = time.perf_counter() - t2
-                self.step_log.append(record)
-                yield finished
+                yield self._finish(in_flight)
             in_flight = launched
