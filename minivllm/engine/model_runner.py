@@ -159,8 +159,10 @@ class ModelRunner:
         table = np.asarray(seq.block_table, dtype=np.int64)
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
-    def _block_tables(self, seqs: list[Sequence], rows: int) -> np.ndarray:
-        tables = np.full((rows, max(1, max(len(s.block_table) for s in seqs))), -1, dtype=np.int32)
+    def _block_tables(self, seqs: list[Sequence], rows: int, width: int | None = None) -> np.ndarray:
+        """(rows, width) int32, -1 padded; width defaults to the longest table in the batch."""
+        width = width or max(1, max(len(s.block_table) for s in seqs))
+        tables = np.full((rows, width), -1, dtype=np.int32)
         for i, s in enumerate(seqs):
             tables[i, :len(s.block_table)] = s.block_table
         return tables
@@ -201,10 +203,7 @@ class ModelRunner:
             p = s.num_tokens - 1
             input_ids[i], positions[i], context_lens[i] = s.last_token, p, s.num_tokens
             slot_mapping[i] = s.block_table[p // self.block_size] * self.block_size + p % self.block_size
-        width = self.max_num_blocks if not self.enforce_eager else max(len(s.block_table) for s in seqs)
-        tables = np.full((rows, width), -1, dtype=np.int32)          # graphs read a fixed width
-        for i, s in enumerate(seqs):
-            tables[i, :len(s.block_table)] = s.block_table
+        tables = self._block_tables(seqs, rows, None if self.enforce_eager else self.max_num_blocks)  # graphs: fixed width
         sample_rows = np.array([s.sample_row for s in seqs] + [-1] * (rows - bs))
         return StepInput(False, input_ids, positions, slot_mapping, context_lens, tables, num_seqs=bs,
                          src=self._pending(input_ids, sample_rows))
