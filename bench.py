@@ -72,18 +72,25 @@ def phase_times(llm: LLM, start: int) -> dict:
 
 
 def versions() -> dict:
-    v = dict(python=platform.python_version(), torch=torch.__version__)
-    for name in ("triton", "transformers", "flash_attn"):
+    import importlib.metadata as md
+    v = dict(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda)
+    for name, dist in (("triton", "triton"), ("transformers", "transformers"), ("flash_attn", "flash-attn"),
+                       ("flash_attn_4", "flash-attn-4")):
         try:
-            v[name] = __import__(name).__version__
-        except Exception:
+            v[name] = md.version(dist)
+        except md.PackageNotFoundError:
             pass
-    try:
-        import importlib.metadata as md
-        v["flash_attn_4"] = md.version("flash-attn-4")
-    except Exception:
-        pass
     return v
+
+
+def save_json(result: dict, out: str) -> None:
+    """Write a benchmark result with its date, command and versions (every recorded run carries them)."""
+    result.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  command=" ".join([os.path.basename(sys.executable)] + sys.argv), versions=versions())
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as fh:
+        json.dump(result, fh, indent=1)
+    print(f"wrote {out}")
 
 
 def run_gpu(args) -> dict:
@@ -166,8 +173,6 @@ def main() -> None:
     args.max_input_len = args.max_input_len or defaults[1]
     args.max_output_len = args.max_output_len or defaults[2]
     result = run_cpu(args) if cpu else run_gpu(args)
-    result.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  command=" ".join([os.path.basename(sys.executable)] + sys.argv), versions=versions())
     rows = [("output tokens", result["tokens"]), ("seconds", f"{result['seconds']:.2f}"),
             ("output tok/s", f"{result['tok_per_s']:.0f}")]
     if cpu:
@@ -188,11 +193,7 @@ def main() -> None:
     print(f"minivllm bench on {result['device']}")
     for k, v in rows:
         print(f"  {k:<{width}}  {v}")
-    out = args.out or os.path.join("benchmarks", "results", f"throughput_{'cpu' if cpu else 'gpu'}.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as fh:
-        json.dump(result, fh, indent=1)
-    print(f"wrote {out}")
+    save_json(result, args.out or os.path.join("benchmarks", "results", f"throughput_{'cpu' if cpu else 'gpu'}.json"))
 
 
 if __name__ == "__main__":

@@ -15,8 +15,6 @@ test the script.
   python benchmarks/bench_kernels.py --cpu-small --out /tmp/k.json
 """
 import argparse
-import datetime
-import json
 import os
 import platform
 import statistics
@@ -27,6 +25,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 import minivllm  # noqa: F401  (TRITON_INTERPRET=1 without CUDA)
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import save_json  # noqa: E402  (the repo root's bench.py: date, command, versions, JSON)
 from minivllm.layers import attention_backend
 from minivllm.layers.store_kvcache import store_kvcache
 from minivllm.layers.torch_attention import store_kvcache_torch
@@ -44,17 +45,6 @@ class Result:
     bytes_per_s: float
     fraction_of_ceiling: float
     checked: str            # what the output was compared with before timing
-
-
-def versions() -> dict:
-    v = dict(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda)
-    import importlib.metadata as md
-    for name, dist in (("triton", "triton"), ("flash_attn", "flash-attn"), ("flash_attn_4", "flash-attn-4")):
-        try:
-            v[name] = md.version(dist)
-        except md.PackageNotFoundError:
-            pass
-    return v
 
 
 def time_us(fn, cuda: bool, reps: int) -> float:
@@ -172,15 +162,9 @@ def main() -> None:
               f"{r.fraction_of_ceiling:>9.1%}")
 
     report = dict(device=name, device_kind=device, ceiling_bytes_per_s=CEILING,
-                  date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  command=" ".join([os.path.basename(sys.executable)] + sys.argv), versions=versions(),
                   timing="triton.testing.do_bench median" if device == "cuda" else f"perf_counter median of {args.reps}",
                   results=[asdict(r) for r in results])
-    out = args.out or os.path.join("benchmarks", "results", f"kernels_{'gpu' if device == 'cuda' else 'cpu'}.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as fh:
-        json.dump(report, fh, indent=1)
-    print(f"wrote {out}")
+    save_json(report, args.out or os.path.join("benchmarks", "results", f"kernels_{'gpu' if device == 'cuda' else 'cpu'}.json"))
 
 
 if __name__ == "__main__":
