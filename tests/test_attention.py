@@ -119,6 +119,12 @@ def test_prefill_matches_reference(backend, heads, kv_heads, block_size, lens):
 
 # --- decode over the paged cache ----------------------------------------------------------------------
 
+def decode_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int], scale: float) -> torch.Tensor:
+    """One query per sequence (q row i) over that sequence's packed k/v, by the fp64 reference."""
+    return torch.cat([naive_attention(q[i:i + 1], ki, vi, scale)
+                      for i, (ki, vi) in enumerate(zip(split(k, lens), split(v, lens)))])
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("heads,kv_heads,block_size,lens", CASES, ids=CASE_IDS)
 def test_decode_matches_reference_and_contiguous_cache(backend, heads, kv_heads, block_size, lens):
@@ -135,8 +141,7 @@ def test_decode_matches_reference_and_contiguous_cache(backend, heads, kv_heads,
         for i, (ki, n) in enumerate(zip(split(k, lens), lens)):
             assert torch.equal(gather_paged(k_cache, tables[i], n), ki)     # the table finds exactly our K
         outs.append(attention_backend.decode(backend, q, k_cache, v_cache, ctx, tables, scale))
-    expected = torch.cat([naive_attention(q[i:i + 1], ki, vi, scale)
-                          for i, (ki, vi) in enumerate(zip(split(k, lens), split(v, lens)))])
+    expected = decode_reference(q, k, v, lens, scale)
     assert_close(outs[0].float(), expected, dtype=dtype)
     assert_close(outs[0].float(), outs[1].float(), dtype=dtype)             # paged == contiguous
 
@@ -157,8 +162,7 @@ def test_decode_padded_rows(backend):
     out = attention_backend.decode(backend, q, k_cache, v_cache, ctx, tables, HEAD_DIM ** -0.5)
     real = out[:len(lens)].float()
     assert torch.isfinite(real).all()
-    expected = torch.cat([naive_attention(q[i:i + 1], ki, vi, HEAD_DIM ** -0.5)
-                          for i, (ki, vi) in enumerate(zip(split(k, lens), split(v, lens)))])
+    expected = decode_reference(q, k, v, lens, HEAD_DIM ** -0.5)
     assert_close(real, expected, dtype=dtype)
 
 
