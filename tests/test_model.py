@@ -10,7 +10,6 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from conftest import assert_close
 from minivllm.layers.attention import Attention
-from minivllm.layers.rotary_embedding import get_rope
 from minivllm.models.qwen3 import Qwen3ForCausalLM
 from minivllm.utils.context import reset_context, set_context
 from minivllm.utils.dist import run_tp, tp_rank, tp_size
@@ -27,7 +26,6 @@ MAX_TOKENS = 32
 
 def build_model(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Qwen3ForCausalLM:
     hf_config = AutoConfig.from_pretrained(path)
-    get_rope.cache_clear()              # the shared RoPE module is cached per process: rebuild it on `device`
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:

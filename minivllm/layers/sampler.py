@@ -7,7 +7,7 @@ from torch import nn
 from minivllm.utils.compile import compiled
 
 
-def check_sampling_tensors(logits: torch.Tensor, temperatures: torch.Tensor,
+def check_sampling_tensors(logits: torch.Tensor, temperatures: torch.Tensor | None,
                            top_ks: torch.Tensor | None, top_ps: torch.Tensor | None) -> None:
     if logits.dim() != 2:
         raise ValueError(f"Sampler: logits must be (num_seqs, vocab), got shape {tuple(logits.shape)}")

@@ -32,5 +32,4 @@ def compiled(fn):
     def wrapper(*args, **kwargs):
         x = next(a for a in args if isinstance(a, torch.Tensor))
         return fast(*args, **kwargs) if compile_enabled(x) else fn(*args, **kwargs)
-    wrapper.eager = fn
     return wrapper
