@@ -19,6 +19,7 @@ import time
 import torch
 
 from minivllm import LLM, SamplingParams
+from minivllm.layers import attention_backend
 from minivllm.utils.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 
 COPY_BW = 4.28e12          # bytes/s, device-to-device copy on the H200 (../shared/GPU.md)
@@ -60,6 +61,11 @@ def roofline(hf, prompt_lens: list[int], output_lens: list[int]) -> dict:
                 decode_steps=steps, kv_bytes_per_token=kv_per_token, weight_bytes=weight_bytes)
 
 
+def decode_kernel_of(backend: str) -> str:
+    """Which kernel ran decode attention: the flash backends decode with our Triton kernel unless told not to."""
+    return attention_backend.decode_kernel() if backend in ("fa4", "flash_attn") else backend
+
+
 def phase_times(llm: LLM, start: int) -> dict:
     log = llm.step_log[start:]
     pre = [r for r in log if r.is_prefill]
@@ -96,6 +102,9 @@ def save_json(result: dict, out: str) -> None:
 def run_gpu(args) -> dict:
     model = args.model or make_tiny_checkpoint(os.path.join(args.cache, "qwen3-0.6b-random"), "qwen3",
                                                dtype=torch.bfloat16, **QWEN3_0_6B)
+    if args.decode_kernel:                       # the environment reaches the spawned TP workers too
+        os.environ["MINIVLLM_DECODE_KERNEL"] = args.decode_kernel
+        attention_backend.set_decode_kernel(args.decode_kernel)
     llm = LLM(model, enforce_eager=args.enforce_eager, tensor_parallel_size=args.tp,
               attention_backend=args.backend, max_model_len=4096)
     prompts, params = workload(0, args.num_seqs, 100, args.max_input_len, args.max_output_len)
@@ -118,7 +127,7 @@ def run_gpu(args) -> dict:
                   phases=phase_times(llm, start), decode_step_times=decode_steps,
                   peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30,
                   kv_cache_blocks=llm.config.num_kvcache_blocks, backend=llm.model_runner.backend,
-                  device=torch.cuda.get_device_name(), num_seqs=args.num_seqs, enforce_eager=args.enforce_eager,
+                  decode_kernel=decode_kernel_of(llm.model_runner.backend), device=torch.cuda.get_device_name(), num_seqs=args.num_seqs, enforce_eager=args.enforce_eager,
                   tp=args.tp)
     llm.exit()
     return result
@@ -163,6 +172,8 @@ def main() -> None:
     ap.add_argument("--max-output-len", type=int, default=None)
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     ap.add_argument("--backend", choices=["fa4", "flash_attn", "torch"], default=None, help="attention backend")
+    ap.add_argument("--decode-kernel", choices=["triton", "flash"], default=None,
+                    help="decode attention with the flash backends: our Triton kernel (default) or the backend's own")
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel size")
     ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "minivllm"))
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/throughput_<device>.json)")

@@ -28,7 +28,8 @@ import minivllm  # noqa: F401  (TRITON_INTERPRET=1 without CUDA)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import save_json  # noqa: E402  (the repo root's bench.py: date, command, versions, JSON)
-from minivllm.layers import attention_backend
+from minivllm.layers import attention_backend  # noqa: E402
+from minivllm.layers.paged_decode import paged_decode  # noqa: E402
 from minivllm.layers.store_kvcache import store_kvcache
 from minivllm.layers.torch_attention import store_kvcache_torch
 
@@ -119,14 +120,24 @@ def bench_decode(backends, num_seqs, mean_ctx, block_size, heads, kv_heads, head
               + tables.numel() * 4 + lens.numel() * 4)
     shape = f"B={num_seqs} ctx~{mean_ctx} bs={block_size} h={heads}/{kv_heads}x{head_dim} bf16"
     out = []
-    for backend in backends:
+    for backend in backends + (["triton"] if "fa4" in backends or "flash_attn" in backends else []):
+        if backend == "triton":                       # minivllm/layers/paged_decode.py (the flash backends' decode)
+            fn = lambda: paged_decode(q, k_cache, v_cache, lens, tables.clamp(min=0), scale)  # noqa: E731
+            diff = (fn().float() - expected).abs().max().item()
+            assert diff < 2e-2, f"decode/triton: max abs diff {diff:.3e} vs the fp32 torch backend"
+            out.append(result("paged_decode", "triton", shape, time_us(fn, device == "cuda", reps), nbytes,
+                              f"fp32 torch, max diff {diff:.1e}"))
+            continue
         if backend == "flash_attn" and block_size % 256:
             print(f"skip decode/{backend}: paged KV needs block_size % 256 == 0", file=sys.stderr)
             continue
-        fn = lambda: attention_backend.decode(backend, q, k_cache, v_cache, lens, tables, scale)  # noqa: E731
+        table = tables if backend == "torch" else tables.clamp(min=0)         # as the layer passes them
+        attention_backend.set_decode_kernel("flash")                            # the backend's own kernel
+        fn = lambda: attention_backend.decode(backend, q, k_cache, v_cache, lens, table, scale)  # noqa: E731
         diff = (fn().float() - expected).abs().max().item()
         assert diff < 2e-2, f"decode/{backend}: max abs diff {diff:.3e} vs the fp32 torch backend"
         us = time_us(fn, device == "cuda", reps)
+        attention_backend.set_decode_kernel("triton")
         out.append(result("paged_decode", backend, shape, us, nbytes, f"fp32 torch, max diff {diff:.1e}"))
     return out
 
@@ -153,6 +164,10 @@ def main() -> None:
 
     results = [bench_store(**c, block_size=decode_case["block_size"], device=device, reps=args.reps) for c in store_cases]
     results += bench_decode(backends, **decode_case, device=device, reps=args.reps)
+    if not small:      # the decode batches of the benchmark's tail and middle
+        for num_seqs, ctx in ((8, 1500), (32, 1400), (64, 1200), (128, 1000), (256, 64)):
+            results += bench_decode([b for b in backends if b != "torch"], **{**decode_case, "num_seqs": num_seqs,
+                                    "mean_ctx": ctx}, device=device, reps=args.reps)
 
     name = torch.cuda.get_device_name() if device == "cuda" else (platform.processor() or platform.machine())
     print(f"device: {name} | ceiling {CEILING / 1e12:.2f} TB/s (H200 copy, read+write)")

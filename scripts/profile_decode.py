@@ -1,5 +1,6 @@
-"""Profile decode steps of the bench model on a GPU: which kernels take the time (torch.profiler), and the
-GPU time of one captured decode graph at several batch sizes. Writes a text report to --out."""
+"""Profile decode steps of the bench model on a GPU: the GPU time of one captured decode graph (a whole step)
+at several batch sizes against its bandwidth floor, and with --kernels which kernels take the time in real
+steps (torch.profiler; its per-kernel times run high). Writes a text report to --out."""
 import argparse
 import os
 import time
@@ -17,39 +18,39 @@ def main() -> None:
     ap.add_argument("--out", default="profile.txt")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--context", type=int, default=600)
+    ap.add_argument("--kernels", action="store_true", help="also a torch.profiler kernel table of real steps")
     args = ap.parse_args()
     path = make_tiny_checkpoint(os.path.expanduser("~/.cache/minivllm/qwen3-0.6b-random"), "qwen3",
                                 dtype=torch.bfloat16, **QWEN3_0_6B)
     llm = LLM(path, max_model_len=4096)
     runner = llm.model_runner
     lines = []
-    # GPU time of a graph replay alone, per batch size (inputs: valid slots, `context` tokens each)
-    for bs in (1, 16, 64, 128, 256):
-        g = runner.graphs[runner.graph_batch_size(bs)]
-        v = runner.graph_vars
-        nblk = (args.context + 255) // 256
-        v["context_lens"][:bs] = args.context
-        v["block_tables"][:bs, :nblk] = torch.arange(bs * nblk, device="cuda", dtype=torch.int32).view(bs, nblk) % runner.config.num_kvcache_blocks
-        v["slot_mapping"][:bs] = torch.arange(bs, device="cuda", dtype=torch.int32) * 256 * nblk + args.context - 1
-        for _ in range(3):
-            g.replay()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(20):
-            g.replay()
-        torch.cuda.synchronize()
-        dt = (time.perf_counter() - t) / 20
-        logits = llm.model_runner.model.compute_logits(runner.graph_outputs[:bs])
-        temps = torch.full((bs,), 0.6, device="cuda")
-        for _ in range(3):
-            runner.sampler(logits, temps)
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(20):
-            runner.sampler(llm.model_runner.model.compute_logits(runner.graph_outputs[:bs]), temps)
-        torch.cuda.synchronize()
-        ds = (time.perf_counter() - t) / 20
-        lines.append(f"batch {bs:4d} ctx {args.context}: graph replay {dt * 1e3:.3f} ms, lm_head+sampler {ds * 1e3:.3f} ms")
+    # GPU time of one decode graph replay (the whole step: feeding, model, LM head, sampler) per batch size,
+    # at context 1 (the fixed cost of a step) and at `context` tokens (KV reads on top)
+    kv_bytes = 2 * 28 * 8 * 128 * 2                                     # Qwen3-0.6B, bytes per token of context
+    for ctx in (1, args.context):
+        for bs in (1, 8, 16, 32, 64, 128, 256):
+            g = runner.graphs[runner.graph_batch_size(bs)]
+            v = runner.graph_vars
+            nblk = (ctx + 255) // 256
+            v["context_lens"][:bs] = ctx
+            v["block_tables"][:bs, :nblk] = torch.arange(bs * nblk, device="cuda", dtype=torch.int32).view(bs, nblk) % runner.config.num_kvcache_blocks
+            v["slot_mapping"][:bs] = torch.arange(bs, device="cuda", dtype=torch.int32) * 256 * nblk + ctx - 1
+            for _ in range(3):
+                g.replay()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(20):
+                g.replay()
+            torch.cuda.synchronize()
+            dt = (time.perf_counter() - t) / 20
+            floor = (1.19e9 + bs * ctx * kv_bytes) / 4.28e12
+            lines.append(f"batch {bs:4d} ctx {ctx:5d}: graph replay {dt * 1e3:.3f} ms, floor {floor * 1e3:.3f} ms")
+            print(lines[-1], flush=True)
+    if not args.kernels:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines))
+        return
     # kernel table over real decode steps of a batch
     prompts = [[(13 * i + j) % 10000 for j in range(args.context)] for i in range(args.batch)]
     sp = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=40)

@@ -119,6 +119,11 @@ def test_prefill_matches_reference(backend, heads, kv_heads, block_size, lens):
 
 # --- decode over the paged cache ----------------------------------------------------------------------
 
+def page_table(backend: str, tables: torch.Tensor) -> torch.Tensor:
+    """What the Attention layer passes: -1 padded tables for torch, padding mapped to block 0 for flash kernels."""
+    return tables if backend == "torch" else tables.clamp(min=0)
+
+
 def decode_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int], scale: float) -> torch.Tensor:
     """One query per sequence (q row i) over that sequence's packed k/v, by the fp64 reference."""
     return torch.cat([naive_attention(q[i:i + 1], ki, vi, scale)
@@ -140,7 +145,7 @@ def test_decode_matches_reference_and_contiguous_cache(backend, heads, kv_heads,
         k_cache, v_cache = make_cache(num_blocks, block_size, kv_heads, dtype, k, v, slots)
         for i, (ki, n) in enumerate(zip(split(k, lens), lens)):
             assert torch.equal(gather_paged(k_cache, tables[i], n), ki)     # the table finds exactly our K
-        outs.append(attention_backend.decode(backend, q, k_cache, v_cache, ctx, tables, scale))
+        outs.append(attention_backend.decode(backend, q, k_cache, v_cache, ctx, page_table(backend, tables), scale))
     expected = decode_reference(q, k, v, lens, scale)
     assert_close(outs[0].float(), expected, dtype=dtype)
     assert_close(outs[0].float(), outs[1].float(), dtype=dtype)             # paged == contiguous
@@ -159,11 +164,57 @@ def test_decode_padded_rows(backend):
     tables = torch.cat([tables, torch.full((pad, tables.shape[1]), -1, dtype=torch.int32, device=DEVICE)])
     ctx = torch.tensor(lens + [0] * pad, dtype=torch.int32, device=DEVICE)
     q = torch.randn(len(lens) + pad, heads, HEAD_DIM, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
-    out = attention_backend.decode(backend, q, k_cache, v_cache, ctx, tables, HEAD_DIM ** -0.5)
+    out = attention_backend.decode(backend, q, k_cache, v_cache, ctx, page_table(backend, tables), HEAD_DIM ** -0.5)
     real = out[:len(lens)].float()
     assert torch.isfinite(real).all()
     expected = decode_reference(q, k, v, lens, HEAD_DIM ** -0.5)
     assert_close(real, expected, dtype=dtype)
+
+
+# --- our Triton decode kernel (minivllm/layers/paged_decode.py), the flash backends' decode on a GPU ---------
+
+TRITON_CASES = CASES if DEVICE == "cuda" else CASES[1:]     # the interpreter is slow: no 2000-token context on CPU
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("heads,kv_heads,block_size,lens", TRITON_CASES, ids=CASE_IDS[-len(TRITON_CASES):])
+def test_triton_decode_matches_reference(dtype, splits, heads, kv_heads, block_size, lens):
+    """GQA groups, tiles that cross pages (block size 16 < the kernel's 64-token tile), split-KV with splits
+    longer than some contexts (empty splits), a padded row with context 0 (zeros, and no harm to the others)."""
+    from minivllm.layers.paged_decode import paged_decode
+    _, k, v, _ = ragged(lens, heads, kv_heads, dtype)
+    num_blocks, tables, slots = paged_layout(lens, block_size, shuffle=True)
+    k_cache, v_cache = make_cache(num_blocks, block_size, kv_heads, dtype, k, v, slots)
+    tables = torch.cat([tables, torch.full_like(tables[:1], -1)])                  # + a padding row
+    ctx = torch.tensor(lens + [0], dtype=torch.int32, device=DEVICE)
+    q = torch.randn(len(lens) + 1, heads, HEAD_DIM, generator=torch.Generator().manual_seed(4)).to(DEVICE, dtype)
+    out = paged_decode(q, k_cache, v_cache, ctx, tables.clamp(min=0), HEAD_DIM ** -0.5, splits=splits)
+    assert_close(out[:-1].float(), decode_reference(q[:-1], k, v, lens, HEAD_DIM ** -0.5), dtype=dtype)
+    assert (out[-1] == 0).all()
+
+
+@pytest.mark.gpu
+def test_gpu_decode_kernels_agree_on_the_benchmark_shapes():
+    """Our Triton decode and FlashAttention-4's own, on Qwen3-0.6B's heads at the batch sizes bench.py meets."""
+    if "fa4" not in attention_backend.available("cuda"):
+        pytest.skip("FlashAttention-4 is not available on this GPU")
+    g = torch.Generator().manual_seed(0)
+    for batch, ctx in ((1, 2000), (16, 1500), (256, 600)):
+        lens = torch.randint(ctx // 2, ctx + 1, (batch,), generator=g).tolist()
+        num_blocks, tables, _ = paged_layout(lens, 256, shuffle=True)
+        k_cache = torch.randn(num_blocks, 256, 8, 128, generator=g).to("cuda", torch.bfloat16)
+        v_cache = torch.randn(num_blocks, 256, 8, 128, generator=g).to("cuda", torch.bfloat16)
+        q = torch.randn(batch, 16, 128, generator=g).to("cuda", torch.bfloat16)
+        ctx_t = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        outs = {}
+        for kernel in ("triton", "flash"):
+            attention_backend.set_decode_kernel(kernel)
+            outs[kernel] = attention_backend.decode("fa4", q, k_cache, v_cache, ctx_t, tables.clamp(min=0), 128 ** -0.5)
+        attention_backend.set_decode_kernel("triton")
+        exact = attention_backend.decode("torch", q.float(), k_cache.float(), v_cache.float(), ctx_t, tables, 128 ** -0.5)
+        err_t, err_f = (outs["triton"].float() - exact).abs().max(), (outs["flash"].float() - exact).abs().max()
+        assert err_t <= 2 * err_f + 1e-3, f"batch {batch}: triton error {err_t:.3g}, FA4 error {err_f:.3g}"
 
 
 # --- prefill over the paged cache: a cached prefix (or an earlier chunk) ---------------------------------
@@ -183,7 +234,7 @@ def test_prefix_prefill_matches_full_recompute(backend, heads, kv_heads, block_s
     cu_q = torch.tensor([0] + new, device=DEVICE).cumsum(0).to(torch.int32)
     ctx = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     out = attention_backend.prefill_paged(backend, q_new, k_cache, v_cache, cu_q, cu, max(new), max(lens), ctx,
-                                          tables, scale)
+                                          page_table(backend, tables), scale)
     full = attention_backend.prefill(backend, q, k, v, cu, max(lens), scale)     # recompute everything
     full_rows = torch.cat([fi[n - m:] for fi, n, m in zip(split(full, lens), lens, new)])
     assert_close(out.float(), full_rows.float(), dtype=dtype)

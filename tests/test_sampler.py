@@ -215,3 +215,58 @@ def test_sampling_params_validation_names_the_field(field, value):
 def test_sampling_params_accepts_the_edges():
     sp = SamplingParams(temperature=0, top_k=0, top_p=1.0, max_tokens=1)
     assert (sp.temperature, sp.top_k, sp.top_p, sp.max_tokens) == (0, 0, 1.0, 1)
+
+
+# --- the Triton race (the GPU path; on CPU through the Triton interpreter) ---------------------------------
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+def test_kernel_greedy_rows_are_argmax_with_first_index_ties():
+    from minivllm.layers.sampler import gumbel_sample
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randint(0, 4, (6, 70), generator=g).float().to(DEVICE)        # many ties at the max
+    temps = torch.zeros(6, device=DEVICE)
+    for splits in (1, 3, 5):                                                       # ties across splits too
+        ids = gumbel_sample(logits, temps, torch.tensor([0], device=DEVICE), block=4, splits=splits)
+        assert torch.equal(ids, logits.argmax(-1))                                 # torch.argmax: first max
+
+
+def test_kernel_draw_does_not_depend_on_the_split_and_the_seed_advances():
+    from minivllm.layers.sampler import gumbel_sample
+    logits = torch.randn(4, 100, generator=torch.Generator().manual_seed(1)).to(DEVICE, torch.bfloat16)
+    temps = torch.tensor([1.0, 0.5, 2.0, 1.0], device=DEVICE)
+    seed = torch.tensor([42], device=DEVICE)
+    draws = [gumbel_sample(logits, temps, torch.tensor([42], device=DEVICE), block=4, splits=s) for s in (1, 2, 7)]
+    assert all(torch.equal(d, draws[0]) for d in draws)
+    again = [gumbel_sample(logits, temps, seed, block=4) for _ in range(4)]
+    assert int(seed) == 46                                                         # one step per call
+    assert torch.equal(again[0], draws[0])                                         # same seed, same draw
+    assert len({tuple(a.tolist()) for a in again}) > 1                             # new seed, new noise
+
+
+@pytest.mark.slow
+def test_kernel_samples_softmax_of_logits_over_t():
+    """400 one-row draws (each row is one program, slow in the interpreter): chi-square against
+    softmax(l / T), and the same test rejects softmax(l), which ignores T."""
+    from minivllm.layers.sampler import gumbel_sample
+    probs = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
+    t = 0.5
+    logits = (probs.log() * t).float().repeat(400, 1).to(DEVICE)                  # softmax(l / T) = probs
+    ids = gumbel_sample(logits, torch.full((400,), t, device=DEVICE), torch.tensor([7], device=DEVICE), block=4).cpu()
+    assert fits(chi2_gof(ids, probs))
+    assert not fits(chi2_gof(ids, torch.softmax(logits[0].double().cpu(), -1)))
+
+
+@pytest.mark.gpu
+def test_gpu_sampler_kernel_samples_p_and_greedy_rows():
+    """On CUDA the Sampler takes the Triton race: the full chi-square tests, bf16 logits, mixed greedy rows."""
+    sampler = Sampler(seed=3).cuda()
+    logits = PROBS.log().float().repeat(N, 1).cuda()                              # (N, V)
+    ids = sampler(logits, torch.ones(N, device="cuda")).cpu()
+    assert fits(chi2_gof(ids, PROBS))
+    assert fits(chi2_two_sample(ids, torch.multinomial(PROBS, N, replacement=True), PROBS.numel()))
+    big = (torch.randn(64, 151936, device="cuda") * 3).to(torch.bfloat16)           # Qwen3's vocabulary
+    temps = torch.tensor([0.0, 0.7] * 32, device="cuda")
+    ids = sampler(big, temps)
+    assert torch.equal(ids[0::2], big[0::2].argmax(-1))
+    assert (ids[1::2] != big[1::2].argmax(-1)).any()

@@ -4,7 +4,8 @@ tensor-parallel workers: each step's inputs go to them over a pipe, and they run
 
 Host work per step is kept small (see ../shared/PERF-NOTES.md): inputs are built with numpy into one
 persistent pinned buffer and reach the GPU in one copy; the decode graphs read their inputs from views of
-that same device buffer, so a graph step needs no further copies."""
+that same device buffer, so a graph step needs no further copies. With one GPU a decode graph holds the
+whole step: feeding the previous step's tokens, the model, the LM head and the sampler."""
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,14 +105,17 @@ class ModelRunner:
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         for m in self.attn_layers:
             m.backend = self.backend
-        self.sampler = Sampler()
+        self.sampler = Sampler(config.seed).to(self.device)
         self.max_num_blocks = (config.max_model_len + self.block_size - 1) // self.block_size
         self.enforce_eager = config.enforce_eager or self.device.type != "cuda"
+        # the LM head and sampler join the decode graph with one GPU (with TP, the head's gather stays outside)
+        self.sample_in_graph = not self.enforce_eager and self.world_size == 1
         self._allocate_step_buffers()
         self.warmup_model()
         self.allocate_kv_cache()
         if not self.enforce_eager:
             self.capture_cudagraph()
+        self.sampler.seed.fill_(config.seed)          # warm-up and capture drew noise: start every run alike
         if self.world_size > 1:
             dist.barrier()
             if rank == 0:
@@ -133,10 +137,12 @@ class ModelRunner:
         self.dev_ints = torch.zeros(size, dtype=torch.int32, device=self.device)
         self.dev_floats = torch.zeros(2 * seqs, device=self.device)
         self.last_sampled = torch.zeros(seqs, dtype=torch.int64, device=self.device)  # feeds PENDING tokens
-        # decode's fixed layout: [ids S][positions S][slots S][context_lens S][block tables S x M]
+        # decode's fixed layout: [ids S][positions S][slots S][context_lens S][block tables S x M][src S];
+        # floats: [temperatures S][top_ps S]
         S, M, d = seqs, self.max_num_blocks, self.dev_ints
         self.graph_vars = dict(input_ids=d[:S], positions=d[S:2 * S], slot_mapping=d[2 * S:3 * S],
-                               context_lens=d[3 * S:4 * S], block_tables=d[4 * S:4 * S + S * M].view(S, M))
+                               context_lens=d[3 * S:4 * S], block_tables=d[4 * S:4 * S + S * M].view(S, M),
+                               src=d[4 * S + S * M:5 * S + S * M], temperatures=self.dev_floats[:S])
 
     def _upload(self, arrays: list[np.ndarray], fixed_offsets: list[int] | None = None) -> list[torch.Tensor]:
         """Copy host arrays to the device in one transfer, through the pinned staging buffer. Packed
@@ -205,22 +211,27 @@ class ModelRunner:
             slot_mapping[i] = s.block_table[p // self.block_size] * self.block_size + p % self.block_size
         tables = self._block_tables(seqs, rows, None if self.enforce_eager else self.max_num_blocks)  # graphs: fixed width
         sample_rows = np.array([s.sample_row for s in seqs] + [-1] * (rows - bs))
-        return StepInput(False, input_ids, positions, slot_mapping, context_lens, tables, num_seqs=bs,
-                         src=self._pending(input_ids, sample_rows))
+        src = self._pending(input_ids, sample_rows)
+        if src is None and self.sample_in_graph:             # the graph always feeds: -1 = keep the id
+            src = np.full(rows, -1, dtype=np.int32)
+        return StepInput(False, input_ids, positions, slot_mapping, context_lens, tables, num_seqs=bs, src=src)
 
-    def prepare_sample(self, seqs: list[Sequence]):
+    def prepare_sample(self, seqs: list[Sequence], in_graph: bool = False):
+        """(temperatures, top_ks, top_ps) on the device; None where not needed: temperatures when every row is
+        greedy (unless the graph samples: it reads them), top_ks / top_ps when no row filters."""
         sp = [s.sampling_params for s in seqs]
-        n = len(seqs)
-        if all(p.temperature == 0 for p in sp):                 # all greedy: argmax, no noise, no filters
+        n, S = len(seqs), self.config.max_num_seqs
+        if all(p.temperature == 0 for p in sp) and not in_graph:   # all greedy: argmax, no noise, no filters
             return None, None, None
         host_floats = self.host_floats_pair[self.parity]
         floats = host_floats.numpy()
         floats[:n] = [p.temperature for p in sp]
-        floats[n:2 * n] = [p.top_p for p in sp]
+        floats[S:S + n] = [p.top_p for p in sp]
         top_ks = np.array([p.top_k for p in sp], dtype=np.int32)
         filtering = bool(top_ks.any()) or any(p.top_p < 1 for p in sp)
-        self.dev_floats[:2 * n].copy_(host_floats[:2 * n], non_blocking=True)
-        temperatures, top_ps = self.dev_floats[:n], self.dev_floats[n:2 * n]
+        end = S + n if filtering else n
+        self.dev_floats[:end].copy_(host_floats[:end], non_blocking=True)
+        temperatures, top_ps = self.dev_floats[:n], self.dev_floats[S:S + n]
         if not filtering:
             return temperatures, None, None
         return temperatures, torch.from_numpy(top_ks).to(self.device, non_blocking=True), top_ps
@@ -240,24 +251,30 @@ class ModelRunner:
             seq.sample_row = i
         for conn in self.worker_conns:
             conn.send(("run_model", inputs))
-        sampling = self.prepare_sample(seqs)
+        in_graph = self.sample_in_graph and not is_prefill
+        sampling = self.prepare_sample(seqs, in_graph)
         if self.group is not None:
             _update_default_pg(self.group)
         try:
-            logits = self.run_model(inputs)
+            logits = self.run_model(inputs, need_logits=not in_graph or sampling[1] is not None)
         finally:
             if self.group is not None:
                 _update_default_pg(None)
-        tokens = self.sampler(logits, *sampling)                 # (num_seqs,) int64, on the device
-        self.last_sampled[:tokens.shape[0]] = tokens
+        if in_graph and sampling[1] is None:
+            tokens = self.last_sampled[:len(seqs)]                # the graph sampled them
+        else:                                                      # prefill, eager, TP, or top-k / top-p rows
+            tokens = self.sampler(logits, *sampling)               # (num_seqs,) int64, on the device
+            self.last_sampled[:tokens.shape[0]] = tokens
         host = self.host_tokens_pair[self.parity] if self.host_tokens_pair else None
         self.parity ^= 1
         return StepHandle(tokens, host)
 
     @torch.inference_mode()
-    def run_model(self, inp: StepInput) -> torch.Tensor | None:
+    def run_model(self, inp: StepInput, need_logits: bool = True) -> torch.Tensor | None:
+        """Logits of the last token of each sequence (rank 0; None on the other ranks). A decode graph that
+        samples (one GPU) returns None unless `need_logits`: its tokens are in `last_sampled`."""
         if not inp.is_prefill and not self.enforce_eager:
-            return self._replay(inp)
+            return self._replay(inp, need_logits)
         arrays = [inp.input_ids, inp.positions, inp.slot_mapping, inp.context_lens]
         if inp.is_prefill:
             arrays += [inp.cu_seqlens_q, inp.cu_seqlens_k]
@@ -278,7 +295,7 @@ class ModelRunner:
         reset_context()
         return logits
 
-    def _replay(self, inp: StepInput) -> torch.Tensor | None:
+    def _replay(self, inp: StepInput, need_logits: bool) -> torch.Tensor | None:
         S, M = self.config.max_num_seqs, self.max_num_blocks
         arrays = [inp.input_ids, inp.positions, inp.slot_mapping, inp.context_lens, inp.block_tables]
         offsets = [0, S, 2 * S, 3 * S, 4 * S]
@@ -287,9 +304,11 @@ class ModelRunner:
             offsets.append(4 * S + S * M)
         t = self._upload(arrays, fixed_offsets=offsets)
         bs = inp.input_ids.shape[0]
-        if inp.src is not None:
+        if inp.src is not None and not self.sample_in_graph:
             self._feed_pending(t[0], t[-1])
         self.graphs[bs].replay()
+        if self.sample_in_graph and not need_logits:
+            return None
         return self.model.compute_logits(self.graph_outputs[:inp.num_seqs])
 
     def _feed_pending(self, input_ids: torch.Tensor, src: torch.Tensor) -> None:
@@ -341,7 +360,10 @@ class ModelRunner:
             dist.all_reduce(n, op=dist.ReduceOp.MIN)
             num_blocks = int(n.item())
         if num_blocks < 1:
-            raise RuntimeError(f"no memory left for the KV cache (one block needs {block_bytes} bytes)")
+            where = (f"gpu_memory_utilization={c.gpu_memory_utilization} of the GPU is already in use (another LLM "
+                     "alive in this process? call its exit(), or lower gpu_memory_utilization)"
+                     if self.device.type == "cuda" and c.num_kvcache_blocks <= 0 else "the KV cache budget is too small")
+            raise RuntimeError(f"no memory left for the KV cache (one block needs {block_bytes} bytes): {where}")
         c.num_kvcache_blocks = num_blocks
         # zero-initialised: unused rows must be finite for the flash kernels
         self.kv_cache = torch.zeros(2, hf.num_hidden_layers, num_blocks, self.block_size, num_kv_heads, head_dim,
@@ -358,19 +380,32 @@ class ModelRunner:
         v["slot_mapping"].fill_(-1)
         v["context_lens"].zero_()
         v["block_tables"].fill_(0)
+        v["src"].fill_(-1)
         self.graphs, pool = {}, None
         for bs in reversed(self.graph_bs):
             graph = torch.cuda.CUDAGraph()
-            set_context(False, slot_mapping=v["slot_mapping"][:bs], context_lens=v["context_lens"][:bs],
-                        block_tables=v["block_tables"][:bs])
-            self.graph_outputs[:bs] = self.model(v["input_ids"][:bs], v["positions"][:bs])     # warm-up
+            self._decode_step(bs)                                                              # warm-up
             with torch.cuda.graph(graph, pool):
-                self.graph_outputs[:bs] = self.model(v["input_ids"][:bs], v["positions"][:bs])
+                self._decode_step(bs)
             if pool is None:
                 pool = graph.pool()
             self.graphs[bs] = graph
             torch.cuda.synchronize()
-            reset_context()
+
+    def _decode_step(self, bs: int) -> None:
+        """What a decode graph of batch `bs` runs. With one GPU the whole step: feed the previous step's
+        tokens, the model, the LM head, the sampler (its tokens land in `last_sampled`)."""
+        v = self.graph_vars
+        # a fresh context per capture: what the layers derive from it (the page table) is made inside the graph
+        set_context(False, slot_mapping=v["slot_mapping"][:bs], context_lens=v["context_lens"][:bs],
+                    block_tables=v["block_tables"][:bs])
+        if self.sample_in_graph:
+            self._feed_pending(v["input_ids"][:bs], v["src"][:bs])
+        self.graph_outputs[:bs] = self.model(v["input_ids"][:bs], v["positions"][:bs])
+        if self.sample_in_graph:
+            logits = self.model.compute_logits(self.graph_outputs[:bs])                      # (bs, vocab)
+            self.sampler.race_kernel(logits, v["temperatures"][:bs], out=self.last_sampled[:bs])
+        reset_context()
 
     # --- tensor-parallel workers -------------------------------------------------------------------------
 

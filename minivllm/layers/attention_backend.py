@@ -3,16 +3,34 @@
 - "flash_attn": the flash-attn package (FA2), nano-vllm's two calls;
 - "fa4": FlashAttention-4 (`flash_attn.cute`), on SM90+ (the H200);
 - "torch": plain torch over the same paged cache, on any device (CPU users and CI).
-`set_backend(name)` or MINIVLLM_ATTENTION_BACKEND forces one; None picks the fastest available."""
+`set_backend(name)` or MINIVLLM_ATTENTION_BACKEND forces one; None picks the fastest available.
+
+Decode with the flash backends runs our Triton kernel (paged_decode.py: GQA-grouped, split-KV for small
+batches) unless `set_decode_kernel("flash")` or MINIVLLM_DECODE_KERNEL=flash asks for the backend's own."""
 import os
+import warnings
 from functools import lru_cache
 
 import torch
 
 from minivllm.layers import torch_attention
+from minivllm.layers.paged_decode import paged_decode
 
 BACKENDS = ("flash_attn", "fa4", "torch")
+DECODE_KERNELS = ("triton", "flash")
 _override_impl: str | None = os.environ.get("MINIVLLM_ATTENTION_BACKEND") or None
+_decode_kernel: str = os.environ.get("MINIVLLM_DECODE_KERNEL") or "triton"
+
+
+def decode_kernel() -> str:
+    return _decode_kernel
+
+
+def set_decode_kernel(name: str) -> None:
+    global _decode_kernel
+    if name not in DECODE_KERNELS:
+        raise ValueError(f"unknown decode kernel {name!r}; choose from {DECODE_KERNELS}")
+    _decode_kernel = name
 
 
 def set_backend(name: str | None) -> None:
@@ -38,7 +56,10 @@ def _fa4():
     try:
         from flash_attn.cute import flash_attn_varlen_func
         return flash_attn_varlen_func
-    except ImportError:
+    except Exception as e:         # not installed, or installed without its CUTLASS libraries (a RuntimeError)
+        if not isinstance(e, ImportError):
+            warnings.warn(f"FlashAttention-4 is installed but does not import ({type(e).__name__}: {e}); "
+                          "using the other attention backends")
         return None
 
 
@@ -72,10 +93,12 @@ def prefill(backend: str, q, k, v, cu_seqlens, max_seqlen: int, scale: float) ->
 
 def prefill_paged(backend: str, q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                   max_seqlen_k: int, context_lens, block_tables, scale: float) -> torch.Tensor:
-    """Queries are the new tokens, keys come from the cache through block tables (prefix hit / chunk)."""
+    """Queries are the new tokens, keys come from the cache through block tables (prefix hit / chunk).
+    block_tables (S, M) int32: the torch backend takes -1 padding; the flash kernels read every entry and
+    need valid block ids there (the layer passes `Context.page_table()`, padding mapped to block 0)."""
     if backend == "fa4":
         return _fa4()(q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                      seqused_k=context_lens, page_table=block_tables.clamp(min=0), softmax_scale=scale,
+                      seqused_k=context_lens, page_table=block_tables, softmax_scale=scale,
                       causal=True)[0]
     if backend == "flash_attn":
         return _fa2()[0](q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
@@ -85,10 +108,12 @@ def prefill_paged(backend: str, q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k,
 
 
 def decode(backend: str, q, k_cache, v_cache, context_lens, block_tables, scale: float) -> torch.Tensor:
-    """One query per sequence: q (B, H, D) -> (B, H, D)."""
+    """One query per sequence: q (B, H, D) -> (B, H, D). block_tables as in prefill_paged."""
+    if backend in ("fa4", "flash_attn") and _decode_kernel == "triton":
+        return paged_decode(q, k_cache, v_cache, context_lens, block_tables, scale)
     if backend == "fa4":
         return _fa4()(q.unsqueeze(1), k_cache, v_cache, seqused_k=context_lens,
-                      page_table=block_tables.clamp(min=0), softmax_scale=scale, causal=True)[0].squeeze(1)
+                      page_table=block_tables, softmax_scale=scale, causal=True)[0].squeeze(1)
     if backend == "flash_attn":
         return _fa2()[1](q.unsqueeze(1), k_cache, v_cache, cache_seqlens=context_lens, block_table=block_tables,
                          softmax_scale=scale, causal=True).squeeze(1)

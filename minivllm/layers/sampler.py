@@ -1,10 +1,14 @@
 """The sampler (seed 000 section 9): temperature sampling as an exponential race, argmax(p / E) with
 E ~ Exp(1), which draws from p exactly. Beyond nano-vllm: temperature 0 is greedy, and per-sequence
-top-k and top-p, all batched with no Python loop over sequences."""
-import torch
-from torch import nn
+top-k and top-p, all batched with no Python loop over sequences.
 
-from minivllm.utils.compile import compiled
+On a GPU the race runs as one Triton kernel in log space (Gumbel-max: argmax(l / T - log E), the same
+draw without a softmax), reading each logits row once and drawing its noise in registers from a seed that
+lives on the device, so a CUDA graph can replay it step after step with fresh noise."""
+import torch
+import triton
+import triton.language as tl
+from torch import nn
 
 
 def check_sampling_tensors(logits: torch.Tensor, temperatures: torch.Tensor | None,
@@ -32,7 +36,6 @@ def filter_top_k_top_p(logits: torch.Tensor, top_ks: torch.Tensor, top_ps: torch
     return torch.empty_like(logits).scatter_(-1, sorted_idx, sorted_logits)
 
 
-@compiled
 def exponential_race(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
     greedy = logits.argmax(dim=-1)                                                  # (B,)
     t = torch.where(temperatures > 0, temperatures, 1.0)
@@ -42,7 +45,86 @@ def exponential_race(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.
     return torch.where(temperatures > 0, sampled, greedy)
 
 
+# --- the race as one Triton kernel (GPU) ------------------------------------------------------------
+
+@triton.jit
+def _best_in_block(row_ptr, start, end, offs, u, t, best, best_idx):
+    """Fold columns start + offs of one row into the running (best score, its column)."""
+    cols = start + offs                                                                    # (BLOCK,)
+    logit = tl.load(row_ptr + cols, mask=cols < end, other=-float("inf")).to(tl.float32)
+    e = tl.maximum(-tl.log(u), 5.96e-8)                     # E ~ Exp(1); u may round to 1.0 in fp32
+    score = tl.where(t > 0, logit / t - tl.log(e), logit)   # l / T - log E, or l when greedy
+    m = tl.max(score, axis=0)
+    i = tl.argmax(score, axis=0)                            # first index of the max (torch.argmax's ties)
+    best_idx = tl.where(m > best, start + i, best_idx)      # strict: earlier columns win ties
+    return tl.maximum(best, m), best_idx
+
+
+@triton.jit
+def gumbel_argmax_kernel(logits_ptr, stride, temps_ptr, seed_ptr, best_ptr, best_idx_ptr, V, CHUNK,
+                         BLOCK: tl.constexpr):
+    """Program (row, split) scans columns [split * CHUNK, (split + 1) * CHUNK) of one logits row, 4 * BLOCK
+    at a time, and writes its best score and column."""
+    row, split = tl.program_id(0), tl.program_id(1)
+    row_ptr = logits_ptr + row.to(tl.int64) * stride
+    t = tl.load(temps_ptr + row)
+    seed = tl.load(seed_ptr)
+    offs = tl.arange(0, BLOCK)
+    start = split * CHUNK                                   # CHUNK is a multiple of 4 * BLOCK
+    end = tl.minimum(start + CHUNK, V)
+    best = tl.zeros((), tl.float32) - float("inf")
+    best_idx = start
+    for c in range(start, end, 4 * BLOCK):
+        # one Philox call gives 4 uniforms per counter; counters row * V/4 + c/4 + offs are never reused
+        u0, u1, u2, u3 = tl.rand4x(seed, row * ((V + 3) // 4) + c // 4 + offs)
+        best, best_idx = _best_in_block(row_ptr, c, end, offs, u0, t, best, best_idx)
+        best, best_idx = _best_in_block(row_ptr, c + BLOCK, end, offs, u1, t, best, best_idx)
+        best, best_idx = _best_in_block(row_ptr, c + 2 * BLOCK, end, offs, u2, t, best, best_idx)
+        best, best_idx = _best_in_block(row_ptr, c + 3 * BLOCK, end, offs, u3, t, best, best_idx)
+    tl.store(best_ptr + row * tl.num_programs(1) + split, best)
+    tl.store(best_idx_ptr + row * tl.num_programs(1) + split, best_idx)
+
+
+@triton.jit
+def gumbel_reduce_kernel(best_ptr, best_idx_ptr, out_ptr, seed_ptr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
+    """One program per row: the best of its splits is the token. Program 0 advances the seed, so the next
+    launch (or graph replay) draws new noise; the sampling kernel has finished reading it by now."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_S)                            # BLOCK_S = next power of 2 >= SPLITS
+    best = tl.load(best_ptr + row * SPLITS + offs, mask=offs < SPLITS, other=-float("inf"))
+    idx = tl.load(best_idx_ptr + row * SPLITS + offs, mask=offs < SPLITS, other=0)
+    s = tl.argmax(best, axis=0)                             # first split of the max: earlier columns win ties
+    tl.store(out_ptr + row, tl.sum(tl.where(offs == s, idx, 0), axis=0).to(tl.int64))
+    if row == 0:
+        tl.store(seed_ptr, tl.load(seed_ptr) + 1)
+
+
+def gumbel_sample(logits: torch.Tensor, temperatures: torch.Tensor, seed: torch.Tensor,
+                  out: torch.Tensor | None = None, block: int = 1024, splits: int | None = None) -> torch.Tensor:
+    """The exponential race in one pass over `logits` (B, V) (any float dtype, rows contiguous) with
+    temperatures (B,) (0 = greedy) and a 1-element int64 `seed` tensor that is advanced by one. Returns
+    (B,) int64 token ids (into `out` when given). Rows are split so that small batches still fill the GPU;
+    the draw does not depend on the split (each column's noise depends only on seed, row and column)."""
+    B, V = logits.shape
+    assert logits.stride(1) == 1 and temperatures.shape == (B,) and seed.numel() == 1
+    out = out if out is not None else torch.empty(B, dtype=torch.int64, device=logits.device)
+    step = 4 * block
+    splits = splits or max(1, min(triton.cdiv(264, B), triton.cdiv(V, step)))   # ~2 programs per SM of an H200
+    chunk = triton.cdiv(triton.cdiv(V, splits), step) * step
+    splits = triton.cdiv(V, chunk)
+    best = torch.empty(B, splits, dtype=torch.float32, device=logits.device)
+    best_idx = torch.empty(B, splits, dtype=torch.int32, device=logits.device)
+    gumbel_argmax_kernel[(B, splits)](logits, logits.stride(0), temperatures, seed, best, best_idx, V, chunk,
+                                      BLOCK=block)
+    gumbel_reduce_kernel[(B,)](best, best_idx, out, seed, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits))
+    return out
+
+
 class Sampler(nn.Module):
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        self.register_buffer("seed", torch.tensor([seed], dtype=torch.int64), persistent=False)  # the kernel's
 
     def forward(self, logits: torch.Tensor, temperatures: torch.Tensor | None,
                 top_ks: torch.Tensor | None = None, top_ps: torch.Tensor | None = None) -> torch.Tensor:
@@ -53,6 +135,8 @@ class Sampler(nn.Module):
         check_sampling_tensors(logits, temperatures, top_ks, top_ps)
         if temperatures is None:
             return logits.argmax(dim=-1)
+        if top_ks is None and top_ps is None and logits.is_cuda:
+            return self.race_kernel(logits, temperatures)
         logits = logits.float()
         if top_ks is not None or top_ps is not None:
             b = logits.shape[0]
@@ -62,4 +146,11 @@ class Sampler(nn.Module):
             # temperature first, then the filters (vLLM's and HF's order: the nucleus of softmax(logits / T))
             logits = filter_top_k_top_p(logits / t[:, None], top_ks, top_ps)
             temperatures = (temperatures > 0).to(logits.dtype)                        # already scaled; 0 stays greedy
+        if logits.is_cuda:
+            return self.race_kernel(logits, temperatures)
         return exponential_race(logits, temperatures)
+
+    def race_kernel(self, logits: torch.Tensor, temperatures: torch.Tensor, out: torch.Tensor | None = None):
+        if self.seed.device != logits.device:
+            self.seed = self.seed.to(logits.device)
+        return gumbel_sample(logits, temperatures, self.seed, out)

@@ -4,12 +4,14 @@ end before the LM head."""
 import torch
 from torch import nn
 
+from minivllm.layers import attention_prologue
 from minivllm.layers.activation import SiluAndMul
 from minivllm.layers.attention import Attention
 from minivllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minivllm.layers.layernorm import RMSNorm
 from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minivllm.layers.rotary_embedding import get_rope, rope_scaling_of, rope_theta_of
+from minivllm.utils.context import get_context
 from minivllm.utils.dist import divide, tp_size
 
 # architecture -> (q/k/v bias, o_proj bias, QK-norm), as in transformers; None = config.attention_bias
@@ -55,6 +57,13 @@ class Qwen3Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)                                     # (N, q_size + 2 kv_size)
+        if attention_prologue.enabled(qkv):      # GPU: QK-norm, RoPE and the KV-cache write in one kernel
+            q, k, v = attention_prologue.attention_prologue(
+                qkv, positions, self.rotary_emb.cos_sin_cache, self.num_heads, self.num_kv_heads, self.head_dim,
+                self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
+                self.q_norm.eps if self.qk_norm else 0.0, self.attn.k_cache, self.attn.v_cache,
+                get_context().slot_mapping)
+            return self.o_proj(self.attn(q, k, v, stored=True).flatten(1, -1))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)                          # (N, heads, head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)                       # (N, kv_heads, head_dim)

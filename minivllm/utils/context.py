@@ -15,6 +15,14 @@ class Context:
     slot_mapping: torch.Tensor | None = None   # (num_tokens,) int32, cache slot per new token, -1 = skip
     context_lens: torch.Tensor | None = None   # (num_seqs,) int32, tokens in cache after this step
     block_tables: torch.Tensor | None = None   # (num_seqs, max_blocks) int32, -1 padded
+    _page_table: torch.Tensor | None = None
+
+    def page_table(self) -> torch.Tensor | None:
+        """block_tables with the -1 padding mapped to block 0 (for kernels that read every entry), made on
+        first use and shared by every layer of the step."""
+        if self._page_table is None and self.block_tables is not None:
+            self._page_table = self.block_tables.clamp(min=0)
+        return self._page_table
 
 
 _CONTEXT = Context()
