@@ -119,26 +119,27 @@ def bench_decode(backends, num_seqs, mean_ctx, block_size, heads, kv_heads, head
               + 2 * q.numel() * elem                                              # q read, o written
               + tables.numel() * 4 + lens.numel() * 4)
     shape = f"B={num_seqs} ctx~{mean_ctx} bs={block_size} h={heads}/{kv_heads}x{head_dim} bf16"
-    out = []
-    for backend in backends + (["triton"] if "fa4" in backends or "flash_attn" in backends else []):
+    def decode_fn(backend: str):
         if backend == "triton":                       # minivllm/layers/paged_decode.py (the flash backends' decode)
-            fn = lambda: paged_decode(q, k_cache, v_cache, lens, tables.clamp(min=0), scale)  # noqa: E731
-            diff = (fn().float() - expected).abs().max().item()
-            assert diff < 2e-2, f"decode/triton: max abs diff {diff:.3e} vs the fp32 torch backend"
-            out.append(result("paged_decode", "triton", shape, time_us(fn, device == "cuda", reps), nbytes,
-                              f"fp32 torch, max diff {diff:.1e}"))
-            continue
-        if backend == "flash_attn" and block_size % 256:
-            print(f"skip decode/{backend}: paged KV needs block_size % 256 == 0", file=sys.stderr)
-            continue
+            return lambda: paged_decode(q, k_cache, v_cache, lens, tables.clamp(min=0), scale)
         table = tables if backend == "torch" else tables.clamp(min=0)         # as the layer passes them
-        attention_backend.set_decode_kernel("flash")                            # the backend's own kernel
-        fn = lambda: attention_backend.decode(backend, q, k_cache, v_cache, lens, table, scale)  # noqa: E731
-        diff = (fn().float() - expected).abs().max().item()
-        assert diff < 2e-2, f"decode/{backend}: max abs diff {diff:.3e} vs the fp32 torch backend"
-        us = time_us(fn, device == "cuda", reps)
-        attention_backend.set_decode_kernel("triton")
-        out.append(result("paged_decode", backend, shape, us, nbytes, f"fp32 torch, max diff {diff:.1e}"))
+        return lambda: attention_backend.decode(backend, q, k_cache, v_cache, lens, table, scale)
+
+    out = []
+    previous = attention_backend.decode_kernel()
+    attention_backend.set_decode_kernel("flash")      # a flash backend's row times its own decode kernel
+    try:
+        for backend in backends + (["triton"] if "fa4" in backends or "flash_attn" in backends else []):
+            if backend == "flash_attn" and block_size % 256:
+                print(f"skip decode/{backend}: paged KV needs block_size % 256 == 0", file=sys.stderr)
+                continue
+            fn = decode_fn(backend)
+            diff = (fn().float() - expected).abs().max().item()
+            assert diff < 2e-2, f"decode/{backend}: max abs diff {diff:.3e} vs the fp32 torch backend"
+            us = time_us(fn, device == "cuda", reps)
+            out.append(result("paged_decode", backend, shape, us, nbytes, f"fp32 torch, max diff {diff:.1e}"))
+    finally:
+        attention_backend.set_decode_kernel(previous)
     return out
 
 

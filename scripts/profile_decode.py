@@ -3,13 +3,16 @@ at several batch sizes against its bandwidth floor, and with --kernels which ker
 steps (torch.profiler; its per-kernel times run high). Writes a text report to --out."""
 import argparse
 import os
+import sys
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from minivllm import LLM, SamplingParams
-from minivllm.utils.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import COPY_BW, model_bytes_and_flops  # noqa: E402  (the repo root's bench.py: the roofline's numbers)
+from minivllm import LLM, SamplingParams  # noqa: E402
+from minivllm.utils.tiny_model import QWEN3_0_6B, make_tiny_checkpoint  # noqa: E402
 
 
 @torch.inference_mode()
@@ -27,7 +30,7 @@ def main() -> None:
     lines = []
     # GPU time of one decode graph replay (the whole step: feeding, model, LM head, sampler) per batch size,
     # at context 1 (the fixed cost of a step) and at `context` tokens (KV reads on top)
-    kv_bytes = 2 * 28 * 8 * 128 * 2                                     # Qwen3-0.6B, bytes per token of context
+    kv_bytes, weight_bytes, _ = model_bytes_and_flops(runner.config.hf_config)   # per token of context; weights
     for ctx in (1, args.context):
         for bs in (1, 8, 16, 32, 64, 128, 256):
             g = runner.graphs[runner.graph_batch_size(bs)]
@@ -44,7 +47,7 @@ def main() -> None:
                 g.replay()
             torch.cuda.synchronize()
             dt = (time.perf_counter() - t) / 20
-            floor = (1.19e9 + bs * ctx * kv_bytes) / 4.28e12
+            floor = (weight_bytes + bs * ctx * kv_bytes) / COPY_BW
             lines.append(f"batch {bs:4d} ctx {ctx:5d}: graph replay {dt * 1e3:.3f} ms, floor {floor * 1e3:.3f} ms")
             print(lines[-1], flush=True)
     if not args.kernels:

@@ -253,14 +253,15 @@ class ModelRunner:
             conn.send(("run_model", inputs))
         in_graph = self.sample_in_graph and not is_prefill
         sampling = self.prepare_sample(seqs, in_graph)
+        graph_sampled = in_graph and sampling[1] is None           # no top-k / top-p row: the graph's draw stands
         if self.group is not None:
             _update_default_pg(self.group)
         try:
-            logits = self.run_model(inputs, need_logits=not in_graph or sampling[1] is not None)
+            logits = self.run_model(inputs, need_logits=not graph_sampled)
         finally:
             if self.group is not None:
                 _update_default_pg(None)
-        if in_graph and sampling[1] is None:
+        if graph_sampled:
             tokens = self.last_sampled[:len(seqs)]                # the graph sampled them
         else:                                                      # prefill, eager, TP, or top-k / top-p rows
             tokens = self.sampler(logits, *sampling)               # (num_seqs,) int64, on the device

@@ -135,10 +135,8 @@ class Sampler(nn.Module):
         check_sampling_tensors(logits, temperatures, top_ks, top_ps)
         if temperatures is None:
             return logits.argmax(dim=-1)
-        if top_ks is None and top_ps is None and logits.is_cuda:
-            return self.race_kernel(logits, temperatures)
-        logits = logits.float()
         if top_ks is not None or top_ps is not None:
+            logits = logits.float()
             b = logits.shape[0]
             top_ks = top_ks if top_ks is not None else torch.zeros(b, dtype=torch.long, device=logits.device)
             top_ps = top_ps if top_ps is not None else torch.ones(b, device=logits.device)
@@ -146,9 +144,9 @@ class Sampler(nn.Module):
             # temperature first, then the filters (vLLM's and HF's order: the nucleus of softmax(logits / T))
             logits = filter_top_k_top_p(logits / t[:, None], top_ks, top_ps)
             temperatures = (temperatures > 0).to(logits.dtype)                        # already scaled; 0 stays greedy
-        if logits.is_cuda:
+        if logits.is_cuda:                         # the kernel reads any float dtype as is
             return self.race_kernel(logits, temperatures)
-        return exponential_race(logits, temperatures)
+        return exponential_race(logits.float(), temperatures)
 
     def race_kernel(self, logits: torch.Tensor, temperatures: torch.Tensor, out: torch.Tensor | None = None):
         if self.seed.device != logits.device:
