@@ -12,6 +12,8 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import COPY_BW, model_bytes_and_flops  # noqa: E402  (the repo root's bench.py: the roofline's numbers)
 from minivllm import LLM, SamplingParams  # noqa: E402
+from minivllm.layers import skinny_gemm  # noqa: E402
+from minivllm.utils import pdl  # noqa: E402
 from minivllm.utils.tiny_model import QWEN3_0_6B, make_tiny_checkpoint  # noqa: E402
 
 
@@ -22,23 +24,31 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--context", type=int, default=600)
     ap.add_argument("--kernels", action="store_true", help="also a torch.profiler kernel table of real steps")
+    ap.add_argument("--variants", default="",
+                    help="also replay times per setting, re-capturing the graphs: e.g. 'pdl=0,skinny=0;pdl=1,skinny=64,trigger=early'")
+    ap.add_argument("--replay-kernels", action="store_true",
+                    help="also the kernels of one graph replay (torch.profiler): time per kernel kind, busy vs wall")
     args = ap.parse_args()
     path = make_tiny_checkpoint(os.path.expanduser("~/.cache/minivllm/qwen3-0.6b-random"), "qwen3",
                                 dtype=torch.bfloat16, **QWEN3_0_6B)
     llm = LLM(path, max_model_len=4096)
     runner = llm.model_runner
     lines = []
+
+    def set_inputs(bs: int, ctx: int) -> None:
+        v = runner.graph_vars
+        nblk = (ctx + 255) // 256
+        v["context_lens"][:bs] = ctx
+        v["block_tables"][:bs, :nblk] = torch.arange(bs * nblk, device="cuda", dtype=torch.int32).view(bs, nblk) % runner.config.num_kvcache_blocks
+        v["slot_mapping"][:bs] = torch.arange(bs, device="cuda", dtype=torch.int32) * 256 * nblk + ctx - 1
+
     # GPU time of one decode graph replay (the whole step: feeding, model, LM head, sampler) per batch size,
     # at context 1 (the fixed cost of a step) and at `context` tokens (KV reads on top)
     kv_bytes, weight_bytes, _ = model_bytes_and_flops(runner.config.hf_config)   # per token of context; weights
     for ctx in (1, args.context):
         for bs in (1, 8, 16, 32, 64, 128, 256):
             g = runner.graphs[runner.graph_batch_size(bs)]
-            v = runner.graph_vars
-            nblk = (ctx + 255) // 256
-            v["context_lens"][:bs] = ctx
-            v["block_tables"][:bs, :nblk] = torch.arange(bs * nblk, device="cuda", dtype=torch.int32).view(bs, nblk) % runner.config.num_kvcache_blocks
-            v["slot_mapping"][:bs] = torch.arange(bs, device="cuda", dtype=torch.int32) * 256 * nblk + ctx - 1
+            set_inputs(bs, ctx)
             for _ in range(3):
                 g.replay()
             torch.cuda.synchronize()
@@ -50,6 +60,55 @@ def main() -> None:
             floor = (weight_bytes + bs * ctx * kv_bytes) / COPY_BW
             lines.append(f"batch {bs:4d} ctx {ctx:5d}: graph replay {dt * 1e3:.3f} ms, floor {floor * 1e3:.3f} ms")
             print(lines[-1], flush=True)
+    for variant in filter(None, args.variants.split(";")):
+        opts = dict(kv.split("=") for kv in variant.split(","))
+        pdl.set_enabled(opts.get("pdl", "1") != "0")
+        pdl.set_trigger(opts.get("trigger", "late") == "late")
+        skinny_gemm.set_max_m(int(opts.get("skinny", skinny_gemm.MAX_M)))
+        runner.graphs = {}
+        torch.cuda.synchronize()
+        runner.capture_cudagraph()
+        for ctx in (1, args.context):
+            row = []
+            for bs in (1, 8, 16, 32, 64, 128, 256):
+                g = runner.graphs[runner.graph_batch_size(bs)]
+                set_inputs(bs, ctx)
+                for _ in range(3):
+                    g.replay()
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                for _ in range(20):
+                    g.replay()
+                torch.cuda.synchronize()
+                row.append(f"b{bs} {(time.perf_counter() - t) / 20 * 1e3:.3f}")
+            lines.append(f"[{variant}] ctx {ctx}: " + "  ".join(row) + " (ms per replay)")
+            print(lines[-1], flush=True)
+    if args.replay_kernels:
+        for bs, ctx in ((8, 600), (64, 600), (256, 1), (256, 600)):
+            g = runner.graphs[runner.graph_batch_size(bs)]
+            set_inputs(bs, ctx)
+            for _ in range(3):
+                g.replay()
+            torch.cuda.synchronize()
+            n = 10
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                t = time.perf_counter()
+                for _ in range(n):
+                    g.replay()
+                torch.cuda.synchronize()
+                wall = (time.perf_counter() - t) / n
+            kern = {}
+            for e in prof.events():
+                if e.device_type.name == "CUDA":
+                    c, us = kern.get(e.name, (0, 0.0))
+                    kern[e.name] = (c + 1, us + e.time_range.elapsed_us())
+            busy = sum(us for _, us in kern.values()) / n
+            count = sum(c for c, _ in kern.values()) / n
+            lines.append(f"--- batch {bs} ctx {ctx}: wall per replay (profiled) {wall * 1e6:.0f} us, "
+                         f"kernel busy {busy:.0f} us over {count:.0f} kernels")
+            for name, (c, us) in sorted(kern.items(), key=lambda kv: -kv[1][1])[:16]:
+                lines.append(f"  {us / n:8.1f} us  {c / n:5.0f} x {us / c:6.2f} us  {name[:90]}")
+            print("\n".join(lines[-17:]), flush=True)
     if not args.kernels:
         with open(args.out, "w") as f:
             f.write("\n".join(lines))

@@ -11,12 +11,18 @@ import torch
 import triton
 import triton.language as tl
 
+from minivllm.utils import pdl
+
 
 @triton.jit
 def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, lse_ptr,
                         scale, table_stride, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
                         PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                        SPLITS: tl.constexpr, IEEE: tl.constexpr):
+                        SPLITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
+    if PDL == 1:                                                # utils/pdl.py
+        pdl.launch_dependents()
+    if PDL:
+        pdl.wait()
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ctx = tl.load(context_lens_ptr + b)
     g = tl.arange(0, BLOCK_G)                                   # query heads kvh * GROUP + g, g < GROUP
@@ -56,6 +62,8 @@ def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, conte
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
+    if PDL == 2:
+        pdl.launch_dependents()
     out = acc / tl.where(l > 0, l, 1.0)[:, None]                # an empty split or context: zeros
     o_mask = (g[:, None] < GROUP) & (d[None, :] < D)
     o_offs = ((b * NUM_KV_HEADS * GROUP + heads)[:, None] * SPLITS + split) * D + d[None, :]
@@ -67,8 +75,12 @@ def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, conte
 
 @triton.jit
 def combine_splits_kernel(partial_ptr, lse_ptr, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr,
-                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     """One program per (sequence, head): out = sum_s w_s * partial_s with w = softmax over splits of lse_s."""
+    if PDL == 1:
+        pdl.launch_dependents()
+    if PDL:
+        pdl.wait()
     bh = tl.program_id(0)
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
@@ -79,6 +91,8 @@ def combine_splits_kernel(partial_ptr, lse_ptr, out_ptr, D: tl.constexpr, SPLITS
     part = tl.load(partial_ptr + (bh * SPLITS + s[:, None]) * D + d[None, :],
                    mask=(s[:, None] < SPLITS) & (d[None, :] < D), other=0.0).to(tl.float32)   # (BLOCK_S, BLOCK_D)
     out = tl.sum(part * w[:, None], axis=0)
+    if PDL == 2:
+        pdl.launch_dependents()
     tl.store(out_ptr + bh * D + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
 
 
@@ -89,7 +103,8 @@ def num_splits(batch: int, num_kv_heads: int, max_splits: int = 16) -> int:
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context_lens: torch.Tensor,
-                 block_tables: torch.Tensor, scale: float, splits: int | None = None, block_n: int = 64) -> torch.Tensor:
+                 block_tables: torch.Tensor, scale: float, splits: int | None = None, block_n: int = 64,
+                 num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
     """q (B, H, D), caches (num_blocks, block_size, Hkv, D), context_lens (B,) int32, block_tables (B, M) int32
     with valid block ids in every entry a context reaches (padding past it is never read) -> (B, H, D)."""
     B, H, D = q.shape
@@ -107,8 +122,9 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         q, k_cache, v_cache, block_tables, context_lens, partial, lse, scale, block_tables.stride(0),
         NUM_KV_HEADS=Hkv, GROUP=group, D=D, PAGE=page, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n, SPLITS=splits,
-        IEEE=q.dtype == torch.float32 or not q.is_cuda)     # the interpreter's bf16 tl.dot is wrong: fp32 there
+        IEEE=q.dtype == torch.float32 or not q.is_cuda,     # the interpreter's bf16 tl.dot is wrong: fp32 there
+        PDL=pdl.mode(q), num_warps=num_warps, num_stages=num_stages, **pdl.launch_kwargs(q))
     if splits > 1:
         combine_splits_kernel[(B * H,)](partial, lse, out, D=D, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),
-                                        BLOCK_D=triton.next_power_of_2(D))
+                                        BLOCK_D=triton.next_power_of_2(D), PDL=pdl.mode(q), **pdl.launch_kwargs(q))
     return out

@@ -48,23 +48,21 @@ def exponential_race(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.
 # --- the race as one Triton kernel (GPU) ------------------------------------------------------------
 
 @triton.jit
-def _best_in_block(row_ptr, start, end, offs, u, t, best, best_idx):
-    """Fold columns start + offs of one row into the running (best score, its column)."""
-    cols = start + offs                                                                    # (BLOCK,)
+def _fold(row_ptr, cols, end, u, t, best, best_col):
+    """Fold columns `cols` (BLOCK,) of one row into the per-lane running best score and its column."""
     logit = tl.load(row_ptr + cols, mask=cols < end, other=-float("inf")).to(tl.float32)
     e = tl.maximum(-tl.log(u), 5.96e-8)                     # E ~ Exp(1); u may round to 1.0 in fp32
     score = tl.where(t > 0, logit / t - tl.log(e), logit)   # l / T - log E, or l when greedy
-    m = tl.max(score, axis=0)
-    i = tl.argmax(score, axis=0)                            # first index of the max (torch.argmax's ties)
-    best_idx = tl.where(m > best, start + i, best_idx)      # strict: earlier columns win ties
-    return tl.maximum(best, m), best_idx
+    better = score > best                                   # strict: a lane keeps its earlier column on ties
+    return tl.where(better, score, best), tl.where(better, cols, best_col)
 
 
 @triton.jit
 def gumbel_argmax_kernel(logits_ptr, stride, temps_ptr, seed_ptr, best_ptr, best_idx_ptr, V, CHUNK,
                          BLOCK: tl.constexpr):
     """Program (row, split) scans columns [split * CHUNK, (split + 1) * CHUNK) of one logits row, 4 * BLOCK
-    at a time, and writes its best score and column."""
+    at a time, and writes its best score and column. Each lane keeps its own running best (no reduction
+    inside the loop); the lanes are reduced once at the end."""
     row, split = tl.program_id(0), tl.program_id(1)
     row_ptr = logits_ptr + row.to(tl.int64) * stride
     t = tl.load(temps_ptr + row)
@@ -72,17 +70,19 @@ def gumbel_argmax_kernel(logits_ptr, stride, temps_ptr, seed_ptr, best_ptr, best
     offs = tl.arange(0, BLOCK)
     start = split * CHUNK                                   # CHUNK is a multiple of 4 * BLOCK
     end = tl.minimum(start + CHUNK, V)
-    best = tl.zeros((), tl.float32) - float("inf")
-    best_idx = start
+    best = tl.full((BLOCK,), -float("inf"), tl.float32)     # (BLOCK,) per lane
+    best_col = start + offs
     for c in range(start, end, 4 * BLOCK):
         # one Philox call gives 4 uniforms per counter; counters row * V/4 + c/4 + offs are never reused
         u0, u1, u2, u3 = tl.rand4x(seed, row * ((V + 3) // 4) + c // 4 + offs)
-        best, best_idx = _best_in_block(row_ptr, c, end, offs, u0, t, best, best_idx)
-        best, best_idx = _best_in_block(row_ptr, c + BLOCK, end, offs, u1, t, best, best_idx)
-        best, best_idx = _best_in_block(row_ptr, c + 2 * BLOCK, end, offs, u2, t, best, best_idx)
-        best, best_idx = _best_in_block(row_ptr, c + 3 * BLOCK, end, offs, u3, t, best, best_idx)
-    tl.store(best_ptr + row * tl.num_programs(1) + split, best)
-    tl.store(best_idx_ptr + row * tl.num_programs(1) + split, best_idx)
+        best, best_col = _fold(row_ptr, c + offs, end, u0, t, best, best_col)
+        best, best_col = _fold(row_ptr, c + BLOCK + offs, end, u1, t, best, best_col)
+        best, best_col = _fold(row_ptr, c + 2 * BLOCK + offs, end, u2, t, best, best_col)
+        best, best_col = _fold(row_ptr, c + 3 * BLOCK + offs, end, u3, t, best, best_col)
+    m = tl.max(best, axis=0)
+    col = tl.min(tl.where(best == m, best_col, V), axis=0)  # the first column of the max (torch.argmax's ties)
+    tl.store(best_ptr + row * tl.num_programs(1) + split, m)
+    tl.store(best_idx_ptr + row * tl.num_programs(1) + split, col)
 
 
 @triton.jit
