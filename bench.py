@@ -19,7 +19,8 @@ import time
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.layers import attention_backend, skinny_gemm
+from minivllm.layers import attention_backend
+from minivllm.utils import pdl
 from minivllm.utils.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 
 COPY_BW = 4.28e12          # bytes/s, device-to-device copy on the H200 (../shared/GPU.md)
@@ -128,7 +129,7 @@ def run_gpu(args) -> dict:
                   peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30,
                   kv_cache_blocks=llm.config.num_kvcache_blocks, backend=llm.model_runner.backend,
                   decode_kernel=decode_kernel_of(llm.model_runner.backend), device=torch.cuda.get_device_name(), num_seqs=args.num_seqs, enforce_eager=args.enforce_eager,
-                  tp=args.tp, skinny_gemm_max_m=skinny_gemm.MAX_M)
+                  tp=args.tp, pdl=pdl.enabled(torch.zeros(1, device="cuda")))
     llm.exit()
     return result
 

@@ -44,6 +44,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="sweep_paged_decode.json")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("sweep_paged_decode.py times the Triton kernel on a GPU; none here")
     configs = list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4)))     # block_n, num_warps, num_stages
     rows = []
     for (B, lo, hi), longest_first in itertools.product(SCENARIOS, (False, True)):

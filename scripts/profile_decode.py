@@ -12,7 +12,6 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import COPY_BW, model_bytes_and_flops  # noqa: E402  (the repo root's bench.py: the roofline's numbers)
 from minivllm import LLM, SamplingParams  # noqa: E402
-from minivllm.layers import skinny_gemm  # noqa: E402
 from minivllm.utils import pdl  # noqa: E402
 from minivllm.utils.tiny_model import QWEN3_0_6B, make_tiny_checkpoint  # noqa: E402
 
@@ -25,7 +24,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=600)
     ap.add_argument("--kernels", action="store_true", help="also a torch.profiler kernel table of real steps")
     ap.add_argument("--variants", default="",
-                    help="also replay times per setting, re-capturing the graphs: e.g. 'pdl=0,skinny=0;pdl=1,skinny=64,trigger=early'")
+                    help="also replay times per setting, re-capturing the graphs: e.g. 'pdl=0;pdl=1'")
     ap.add_argument("--replay-kernels", action="store_true",
                     help="also the kernels of one graph replay (torch.profiler): time per kernel kind, busy vs wall")
     args = ap.parse_args()
@@ -63,8 +62,6 @@ def main() -> None:
     for variant in filter(None, args.variants.split(";")):
         opts = dict(kv.split("=") for kv in variant.split(","))
         pdl.set_enabled(opts.get("pdl", "1") != "0")
-        pdl.set_trigger(opts.get("trigger", "late") == "late")
-        skinny_gemm.set_max_m(int(opts.get("skinny", skinny_gemm.MAX_M)))
         runner.graphs = {}
         torch.cuda.synchronize()
         runner.capture_cudagraph()

@@ -59,9 +59,7 @@ def attention_prologue_kernel(qkv_ptr, qkv_stride, positions_ptr, cos_sin_ptr, q
                               NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
                               BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr, BLOCK_HALF: tl.constexpr,
                               HAS_NORM: tl.constexpr, STORE: tl.constexpr, PDL: tl.constexpr):
-    if PDL == 1:                                                         # utils/pdl.py
-        pdl.launch_dependents()
-    if PDL:
+    if PDL:                                                              # utils/pdl.py
         pdl.wait()
     n = tl.program_id(0).to(tl.int64)                                    # one program per token
     D: tl.constexpr = 2 * HALF
@@ -74,7 +72,7 @@ def attention_prologue_kernel(qkv_ptr, qkv_stride, positions_ptr, cos_sin_ptr, q
                BLOCK_HALF, HAS_NORM)
     k1, k2, offs, mask = _norm_rope(row + NUM_HEADS * D, k_out_ptr + n * NUM_KV_HEADS * D, k_w_ptr, cos, sin,
                                     eps, NUM_KV_HEADS, HALF, BLOCK_KV, BLOCK_HALF, HAS_NORM)
-    if PDL == 2:
+    if PDL:
         pdl.launch_dependents()
     if STORE:
         slot = tl.load(slot_mapping_ptr + n).to(tl.int64)
@@ -113,5 +111,5 @@ def attention_prologue(qkv: torch.Tensor, positions: torch.Tensor, cos_sin_cache
         eps, q, k, k_cache if store else qkv, v_cache if store else qkv, slot_mapping if store else positions,
         NUM_HEADS=H, NUM_KV_HEADS=Hkv, HALF=D // 2, BLOCK_H=triton.next_power_of_2(H),
         BLOCK_KV=triton.next_power_of_2(Hkv), BLOCK_HALF=triton.next_power_of_2(D // 2), HAS_NORM=has_norm,
-        STORE=store, PDL=pdl.mode(qkv), **pdl.launch_kwargs(qkv))
+        STORE=store, PDL=pdl.enabled(qkv), **pdl.launch_kwargs(qkv))
     return q, k, v

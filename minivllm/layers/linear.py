@@ -6,7 +6,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.layers import skinny_gemm
 from minivllm.utils.dist import divide, tp_rank, tp_size
 
 
@@ -40,8 +39,6 @@ class LinearBase(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.weight.shape[1]:
             raise ValueError(f"{type(self).__name__}: input last dim {x.shape[-1]} != in_features {self.weight.shape[1]}")
-        if skinny_gemm.enabled(x, self.weight):           # GPU decode batch: our weight-streaming kernel
-            return skinny_gemm.skinny_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -120,11 +117,7 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.weight.shape[1]:
             raise ValueError(f"RowParallelLinear: input last dim {x.shape[-1]} != in_features shard {self.weight.shape[1]}")
-        bias = self.bias if self.tp_rank == 0 else None                          # bias once, on rank 0
-        if skinny_gemm.enabled(x, self.weight):
-            y = skinny_gemm.skinny_linear(x, self.weight, bias)
-        else:
-            y = F.linear(x, self.weight, bias)
+        y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)   # bias once, on rank 0
         if self.tp_size > 1:
             dist.all_reduce(y)
         return y

@@ -19,9 +19,7 @@ def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, conte
                         scale, table_stride, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
                         PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                         SPLITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
-    if PDL == 1:                                                # utils/pdl.py
-        pdl.launch_dependents()
-    if PDL:
+    if PDL:                                                     # utils/pdl.py
         pdl.wait()
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ctx = tl.load(context_lens_ptr + b)
@@ -62,7 +60,7 @@ def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, conte
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
-    if PDL == 2:
+    if PDL:
         pdl.launch_dependents()
     out = acc / tl.where(l > 0, l, 1.0)[:, None]                # an empty split or context: zeros
     o_mask = (g[:, None] < GROUP) & (d[None, :] < D)
@@ -77,8 +75,6 @@ def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, conte
 def combine_splits_kernel(partial_ptr, lse_ptr, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr,
                           BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
     """One program per (sequence, head): out = sum_s w_s * partial_s with w = softmax over splits of lse_s."""
-    if PDL == 1:
-        pdl.launch_dependents()
     if PDL:
         pdl.wait()
     bh = tl.program_id(0)
@@ -91,7 +87,7 @@ def combine_splits_kernel(partial_ptr, lse_ptr, out_ptr, D: tl.constexpr, SPLITS
     part = tl.load(partial_ptr + (bh * SPLITS + s[:, None]) * D + d[None, :],
                    mask=(s[:, None] < SPLITS) & (d[None, :] < D), other=0.0).to(tl.float32)   # (BLOCK_S, BLOCK_D)
     out = tl.sum(part * w[:, None], axis=0)
-    if PDL == 2:
+    if PDL:
         pdl.launch_dependents()
     tl.store(out_ptr + bh * D + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
 
@@ -102,12 +98,23 @@ def num_splits(batch: int, num_kv_heads: int, max_splits: int = 16) -> int:
     return max(1, min(max_splits, triton.cdiv(264, batch * num_kv_heads)))
 
 
+def tile_config(dtype: torch.dtype, head_dim: int) -> tuple[int, int]:
+    """(BLOCK_N keys per tile, pipeline stages). Swept on the H200 at the benchmark's batches and context mixes
+    (benchmarks/sweep_paged_decode.py, NOTES.md change 9): 128 keys and 4 stages beat 64 and 3 by 4-6% at
+    batch 128-256 and by a third at batch 16 (bf16, head_dim 128). Wider rows (fp32) keep 64 and 3, which fit
+    shared memory."""
+    return (128, 4) if torch.finfo(dtype).bits * head_dim <= 16 * 128 else (64, 3)
+
+
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context_lens: torch.Tensor,
-                 block_tables: torch.Tensor, scale: float, splits: int | None = None, block_n: int = 64,
-                 num_warps: int = 4, num_stages: int = 3) -> torch.Tensor:
+                 block_tables: torch.Tensor, scale: float, splits: int | None = None, block_n: int | None = None,
+                 num_warps: int = 4, num_stages: int | None = None) -> torch.Tensor:
     """q (B, H, D), caches (num_blocks, block_size, Hkv, D), context_lens (B,) int32, block_tables (B, M) int32
-    with valid block ids in every entry a context reaches (padding past it is never read) -> (B, H, D)."""
+    with valid block ids in every entry a context reaches (padding past it is never read) -> (B, H, D).
+    block_n / num_warps / num_stages: the launch configuration (default `tile_config`)."""
     B, H, D = q.shape
+    default_n, default_stages = tile_config(q.dtype, D)
+    block_n, num_stages = block_n or default_n, num_stages or default_stages
     _, page, Hkv, _ = k_cache.shape
     assert H % Hkv == 0 and q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()
     assert block_tables.stride(1) == 1 and block_tables.shape[0] == B and context_lens.shape == (B,)
@@ -123,8 +130,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
         NUM_KV_HEADS=Hkv, GROUP=group, D=D, PAGE=page, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n, SPLITS=splits,
         IEEE=q.dtype == torch.float32 or not q.is_cuda,     # the interpreter's bf16 tl.dot is wrong: fp32 there
-        PDL=pdl.mode(q), num_warps=num_warps, num_stages=num_stages, **pdl.launch_kwargs(q))
+        PDL=pdl.enabled(q), num_warps=num_warps, num_stages=num_stages, **pdl.launch_kwargs(q))
     if splits > 1:
         combine_splits_kernel[(B * H,)](partial, lse, out, D=D, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),
-                                        BLOCK_D=triton.next_power_of_2(D), PDL=pdl.mode(q), **pdl.launch_kwargs(q))
+                                        BLOCK_D=triton.next_power_of_2(D), PDL=pdl.enabled(q), **pdl.launch_kwargs(q))
     return out

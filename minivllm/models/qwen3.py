@@ -4,7 +4,7 @@ end before the LM head."""
 import torch
 from torch import nn
 
-from minivllm.layers import attention_prologue, skinny_gemm
+from minivllm.layers import attention_prologue
 from minivllm.layers.activation import SiluAndMul
 from minivllm.layers.attention import Attention
 from minivllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
@@ -87,9 +87,6 @@ class Qwen3MLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if skinny_gemm.enabled(x, self.gate_up_proj.weight) and self.gate_up_proj.bias is None:
-            # GPU decode batch: gate/up projection and SwiGLU in one kernel, (N, H) -> (N, I)
-            return self.down_proj(skinny_gemm.skinny_linear(x, self.gate_up_proj.weight, silu_mul=True))
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))             # (N, H) -> (N, 2I) -> (N, I) -> (N, H)
 
 
