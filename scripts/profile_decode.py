@@ -41,23 +41,26 @@ def main() -> None:
         v["block_tables"][:bs, :nblk] = torch.arange(bs * nblk, device="cuda", dtype=torch.int32).view(bs, nblk) % runner.config.num_kvcache_blocks
         v["slot_mapping"][:bs] = torch.arange(bs, device="cuda", dtype=torch.int32) * 256 * nblk + ctx - 1
 
+    def replay_ms(bs: int, ctx: int, reps: int = 20) -> float:
+        """Milliseconds per replay of the decode graph for `bs` sequences at context `ctx`, after a warm-up."""
+        g = runner.graphs[runner.graph_batch_size(bs)]
+        set_inputs(bs, ctx)
+        for _ in range(3):
+            g.replay()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(reps):
+            g.replay()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) / reps * 1e3
+
     # GPU time of one decode graph replay (the whole step: feeding, model, LM head, sampler) per batch size,
     # at context 1 (the fixed cost of a step) and at `context` tokens (KV reads on top)
     kv_bytes, weight_bytes, _ = model_bytes_and_flops(runner.config.hf_config)   # per token of context; weights
     for ctx in (1, args.context):
         for bs in (1, 8, 16, 32, 64, 128, 256):
-            g = runner.graphs[runner.graph_batch_size(bs)]
-            set_inputs(bs, ctx)
-            for _ in range(3):
-                g.replay()
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(20):
-                g.replay()
-            torch.cuda.synchronize()
-            dt = (time.perf_counter() - t) / 20
             floor = (weight_bytes + bs * ctx * kv_bytes) / COPY_BW
-            lines.append(f"batch {bs:4d} ctx {ctx:5d}: graph replay {dt * 1e3:.3f} ms, floor {floor * 1e3:.3f} ms")
+            lines.append(f"batch {bs:4d} ctx {ctx:5d}: graph replay {replay_ms(bs, ctx):.3f} ms, floor {floor * 1e3:.3f} ms")
             print(lines[-1], flush=True)
     for variant in filter(None, args.variants.split(";")):
         opts = dict(kv.split("=") for kv in variant.split(","))
@@ -66,18 +69,7 @@ def main() -> None:
         torch.cuda.synchronize()
         runner.capture_cudagraph()
         for ctx in (1, args.context):
-            row = []
-            for bs in (1, 8, 16, 32, 64, 128, 256):
-                g = runner.graphs[runner.graph_batch_size(bs)]
-                set_inputs(bs, ctx)
-                for _ in range(3):
-                    g.replay()
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                for _ in range(20):
-                    g.replay()
-                torch.cuda.synchronize()
-                row.append(f"b{bs} {(time.perf_counter() - t) / 20 * 1e3:.3f}")
+            row = [f"b{bs} {replay_ms(bs, ctx):.3f}" for bs in (1, 8, 16, 32, 64, 128, 256)]
             lines.append(f"[{variant}] ctx {ctx}: " + "  ".join(row) + " (ms per replay)")
             print(lines[-1], flush=True)
     if args.replay_kernels:
