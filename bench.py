@@ -7,112 +7,41 @@ roofline floor from the sampled lengths and the machine's ceilings.
   python bench.py                        # the H200 workload (CUDA graphs, fastest attention backend)
   python bench.py --cpu                  # a small CPU workload vs transformers' generate on the same prompts
 """
+
 import argparse
-import datetime
-import json
 import os
-import platform
 import random
-import sys
 import time
 
 import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.layers import attention_backend
-from minivllm.utils import pdl
-from minivllm.utils.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
-
-COPY_BW = 4.28e12          # bytes/s, device-to-device copy on the H200 (../shared/GPU.md)
-MATMUL_FLOPS = 700e12      # bf16 dense matmul on the H200
-
-
-def workload(seed: int, num_seqs: int, min_len: int, max_input: int, max_output: int, temperature: float = 0.6,
-             max_id: int = 10000):
-    random.seed(seed)
-    prompts = [[random.randint(0, max_id) for _ in range(random.randint(min_len, max_input))] for _ in range(num_seqs)]
-    params = [SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=random.randint(min_len, max_output))
-              for _ in range(num_seqs)]
-    return prompts, params
-
-
-def model_bytes_and_flops(hf) -> tuple[int, int, int]:
-    """(KV bytes per token, weight bytes read per decode step, matmul params) for a bf16 Qwen3."""
-    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-    kv_per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * 2
-    h, i, L = hf.hidden_size, hf.intermediate_size, hf.num_hidden_layers
-    q, kv = hf.num_attention_heads * head_dim, hf.num_key_value_heads * head_dim
-    layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h + 2 * head_dim
-    params = L * layer + h + hf.vocab_size * h                   # embedding counted once (tied)
-    return kv_per_token, 2 * params, params
-
-
-def roofline(hf, prompt_lens: list[int], output_lens: list[int]) -> dict:
-    """Lower bound in seconds: every decode step reads the weights and each running sequence's KV cache at
-    copy bandwidth; prefill is matmul-bound (2 x params x prompt tokens, plus causal attention)."""
-    kv_per_token, weight_bytes, params = model_bytes_and_flops(hf)
-    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-    kv_bytes, steps = 0, max(output_lens) - 1                    # the first token comes from prefill
-    for p, o in zip(prompt_lens, output_lens):
-        kv_bytes += kv_per_token * sum(p + s for s in range(1, o))   # decode step s reads p + s keys
-    attn_flops = sum(2 * 2 * hf.num_hidden_layers * hf.num_attention_heads * head_dim * p * p / 2 for p in prompt_lens)
-    prefill_flops = 2 * params * sum(prompt_lens) + attn_flops
-    t_kv, t_w, t_pre = kv_bytes / COPY_BW, steps * weight_bytes / COPY_BW, prefill_flops / MATMUL_FLOPS
-    return dict(kv_read_s=t_kv, weights_s=t_w, prefill_s=t_pre, floor_s=t_kv + t_w + t_pre,
-                decode_steps=steps, kv_bytes_per_token=kv_per_token, weight_bytes=weight_bytes)
-
-
-def decode_kernel_of(backend: str) -> str:
-    """Which kernel ran decode attention: the flash backends decode with our Triton kernel unless told not to."""
-    return attention_backend.decode_kernel() if backend in ("fa4", "flash_attn") else backend
-
-
-def phase_times(llm: LLM, start: int) -> dict:
-    log = llm.step_log[start:]
-    pre = [r for r in log if r.is_prefill]
-    dec = [r for r in log if not r.is_prefill]
-    return dict(prefill_steps=len(pre), decode_steps=len(dec),
-                prefill_s=sum(r.schedule + r.run + r.postprocess for r in pre),
-                decode_s=sum(r.schedule + r.run + r.postprocess for r in dec),
-                schedule_s=sum(r.schedule for r in log), run_s=sum(r.run for r in log),
-                postprocess_s=sum(r.postprocess for r in log))
-
-
-def versions() -> dict:
-    import importlib.metadata as md
-    v = dict(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda)
-    for name, dist in (("triton", "triton"), ("transformers", "transformers"), ("flash_attn", "flash-attn"),
-                       ("flash_attn_4", "flash-attn-4")):
-        try:
-            v[name] = md.version(dist)
-        except md.PackageNotFoundError:
-            pass
-    return v
-
-
-def save_json(result: dict, out: str) -> None:
-    """Write a benchmark result with its date, command and versions (every recorded run carries them)."""
-    result.update(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  command=" ".join([os.path.basename(sys.executable)] + sys.argv), versions=versions())
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as fh:
-        json.dump(result, fh, indent=1)
-    print(f"wrote {out}")
+from minivllm.testing.benchmark import phase_times, roofline, save_json, workload
+from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
+from minivllm.utils import pdl, switches
 
 
 def run_gpu(args) -> dict:
-    model = args.model or make_tiny_checkpoint(os.path.join(args.cache, "qwen3-0.6b-random"), "qwen3",
-                                               dtype=torch.bfloat16, **QWEN3_0_6B)
-    if args.decode_kernel:                       # the environment reaches the spawned TP workers too
-        os.environ["MINIVLLM_DECODE_KERNEL"] = args.decode_kernel
-        attention_backend.set_decode_kernel(args.decode_kernel)
-    llm = LLM(model, enforce_eager=args.enforce_eager, tensor_parallel_size=args.tp,
-              attention_backend=args.backend, max_model_len=4096)
+    model = args.model or make_tiny_checkpoint(
+        os.path.join(args.cache, "qwen3-0.6b-random"), "qwen3", dtype=torch.bfloat16, **QWEN3_0_6B
+    )
+    if args.decode_kernel:  # the environment reaches the spawned TP workers too
+        os.environ[switches.env_name("decode_kernel")] = args.decode_kernel
+        switches.set(decode_kernel=args.decode_kernel)
+    llm = LLM(
+        model,
+        enforce_eager=args.enforce_eager,
+        tensor_parallel_size=args.tp,
+        attention_backend=args.backend,
+        max_model_len=4096,
+    )
     prompts, params = workload(0, args.num_seqs, 100, args.max_input_len, args.max_output_len)
     warm_prompts, _ = workload(1, args.num_seqs, 100, args.max_input_len, args.max_output_len)
-    warm_params = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=random.randint(1, 64))
-                   for _ in warm_prompts]
-    llm.generate(warm_prompts, warm_params, use_tqdm=False)      # compile, JIT, every graph size, sampler
+    warm_params = [
+        SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=random.randint(1, 64)) for _ in warm_prompts
+    ]
+    llm.generate(warm_prompts, warm_params, use_tqdm=False)  # compile, JIT, every graph size, sampler
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     start = len(llm.step_log)
@@ -123,23 +52,43 @@ def run_gpu(args) -> dict:
     assert tokens == sum(p.max_tokens for p in params), "every request must produce exactly max_tokens tokens"
     floor = roofline(llm.config.hf_config, [len(p) for p in prompts], [p.max_tokens for p in params])
     decode_steps = [(r.num_seqs, r.schedule + r.run + r.postprocess) for r in llm.step_log[start:] if not r.is_prefill]
-    result = dict(tokens=tokens, seconds=elapsed, tok_per_s=tokens / elapsed, floor=floor,
-                  floor_tok_per_s=tokens / floor["floor_s"], measured_over_floor=elapsed / floor["floor_s"],
-                  phases=phase_times(llm, start), decode_step_times=decode_steps,
-                  peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30,
-                  kv_cache_blocks=llm.config.num_kvcache_blocks, backend=llm.model_runner.backend,
-                  decode_kernel=decode_kernel_of(llm.model_runner.backend), device=torch.cuda.get_device_name(), num_seqs=args.num_seqs, enforce_eager=args.enforce_eager,
-                  tp=args.tp, pdl=pdl.enabled(torch.zeros(1, device="cuda")))
+    result = dict(
+        tokens=tokens,
+        seconds=elapsed,
+        tok_per_s=tokens / elapsed,
+        floor=floor,
+        floor_tok_per_s=tokens / floor["floor_s"],
+        measured_over_floor=elapsed / floor["floor_s"],
+        phases=phase_times(llm, start),
+        decode_step_times=decode_steps,
+        peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30,
+        kv_cache_blocks=llm.config.num_kvcache_blocks,
+        backend=llm.model_runner.backend,
+        decode_kernel=attention_backend.decode_kernel(llm.model_runner.backend),
+        device=torch.cuda.get_device_name(),
+        num_seqs=args.num_seqs,
+        enforce_eager=args.enforce_eager,
+        tp=args.tp,
+        pdl=pdl.enabled(torch.zeros(1, device="cuda")),
+    )
     llm.exit()
     return result
 
 
 def run_cpu(args) -> dict:
     from transformers import AutoModelForCausalLM
-    model = args.model or make_tiny_checkpoint(os.path.join(args.cache, "qwen3-tiny-bench"), "qwen3",
-                                               hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                                               num_attention_heads=8, num_key_value_heads=4, head_dim=32,
-                                               vocab_size=4096)
+
+    model = args.model or make_tiny_checkpoint(
+        os.path.join(args.cache, "qwen3-tiny-bench"),
+        "qwen3",
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        vocab_size=4096,
+    )
     prompts, _ = workload(0, args.num_seqs, 16, args.max_input_len, args.max_output_len, max_id=4095)
     n = args.max_output_len
     params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=n)
@@ -151,17 +100,26 @@ def run_cpu(args) -> dict:
     llm.exit()
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])           # left padding
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])  # left padding
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     t = time.perf_counter()
-    ref = hf.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                      pad_token_id=0)
+    ref = hf.generate(
+        input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0
+    )
     t_hf = time.perf_counter() - t
     same = sum(o.token_ids == r[width:].tolist() for o, r in zip(outputs, ref))
     tokens = len(prompts) * n
-    return dict(tokens=tokens, seconds=t_engine, tok_per_s=tokens / t_engine, hf_seconds=t_hf,
-                hf_tok_per_s=tokens / t_hf, speedup=t_hf / t_engine, greedy_identical=f"{same}/{len(prompts)}",
-                device="cpu", num_seqs=args.num_seqs)
+    return dict(
+        tokens=tokens,
+        seconds=t_engine,
+        tok_per_s=tokens / t_engine,
+        hf_seconds=t_hf,
+        hf_tok_per_s=tokens / t_hf,
+        speedup=t_hf / t_engine,
+        greedy_identical=f"{same}/{len(prompts)}",
+        device="cpu",
+        num_seqs=args.num_seqs,
+    )
 
 
 def main() -> None:
@@ -173,8 +131,12 @@ def main() -> None:
     ap.add_argument("--max-output-len", type=int, default=None)
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     ap.add_argument("--backend", choices=["fa4", "flash_attn", "torch"], default=None, help="attention backend")
-    ap.add_argument("--decode-kernel", choices=["triton", "flash"], default=None,
-                    help="decode attention with the flash backends: our Triton kernel (default) or the backend's own")
+    ap.add_argument(
+        "--decode-kernel",
+        choices=["triton", "flash"],
+        default=None,
+        help="decode attention with the flash backends: our Triton kernel (default) or the backend's own",
+    )
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel size")
     ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "minivllm"))
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/throughput_<device>.json)")
@@ -185,22 +147,33 @@ def main() -> None:
     args.max_input_len = args.max_input_len or defaults[1]
     args.max_output_len = args.max_output_len or defaults[2]
     result = run_cpu(args) if cpu else run_gpu(args)
-    rows = [("output tokens", result["tokens"]), ("seconds", f"{result['seconds']:.2f}"),
-            ("output tok/s", f"{result['tok_per_s']:.0f}")]
+    rows = [
+        ("output tokens", result["tokens"]),
+        ("seconds", f"{result['seconds']:.2f}"),
+        ("output tok/s", f"{result['tok_per_s']:.0f}"),
+    ]
     if cpu:
-        rows += [("transformers seconds", f"{result['hf_seconds']:.2f}"),
-                 ("transformers tok/s", f"{result['hf_tok_per_s']:.0f}"), ("speed-up", f"{result['speedup']:.1f}x"),
-                 ("greedy tokens identical", result["greedy_identical"])]
+        rows += [
+            ("transformers seconds", f"{result['hf_seconds']:.2f}"),
+            ("transformers tok/s", f"{result['hf_tok_per_s']:.0f}"),
+            ("speed-up", f"{result['speedup']:.1f}x"),
+            ("greedy tokens identical", result["greedy_identical"]),
+        ]
     else:
         f, ph = result["floor"], result["phases"]
-        rows += [("roofline floor s (kv/weights/prefill)",
-                  f"{f['floor_s']:.2f} ({f['kv_read_s']:.2f}/{f['weights_s']:.2f}/{f['prefill_s']:.2f})"),
-                 ("floor tok/s", f"{result['floor_tok_per_s']:.0f}"),
-                 ("measured / floor", f"{result['measured_over_floor']:.2f}"),
-                 ("prefill steps / s", f"{ph['prefill_steps']} / {ph['prefill_s']:.2f}"),
-                 ("decode steps / s", f"{ph['decode_steps']} / {ph['decode_s']:.2f}"),
-                 ("host: schedule / postprocess s", f"{ph['schedule_s']:.2f} / {ph['postprocess_s']:.2f}"),
-                 ("peak GPU memory GiB", f"{result['peak_memory_gib']:.1f}"), ("backend", result["backend"])]
+        rows += [
+            (
+                "roofline floor s (kv/weights/prefill)",
+                f"{f['floor_s']:.2f} ({f['kv_read_s']:.2f}/{f['weights_s']:.2f}/{f['prefill_s']:.2f})",
+            ),
+            ("floor tok/s", f"{result['floor_tok_per_s']:.0f}"),
+            ("measured / floor", f"{result['measured_over_floor']:.2f}"),
+            ("prefill steps / s", f"{ph['prefill_steps']} / {ph['prefill_s']:.2f}"),
+            ("decode steps / s", f"{ph['decode_steps']} / {ph['decode_s']:.2f}"),
+            ("host: schedule / postprocess s", f"{ph['schedule_s']:.2f} / {ph['postprocess_s']:.2f}"),
+            ("peak GPU memory GiB", f"{result['peak_memory_gib']:.1f}"),
+            ("backend", result["backend"]),
+        ]
     width = max(len(k) for k, _ in rows)
     print(f"minivllm bench on {result['device']}")
     for k, v in rows:

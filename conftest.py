@@ -1,10 +1,11 @@
 """pytest configuration shared by the unit tests and `pytest --nbval notebooks`."""
+
 import os
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 
 def pytest_collectstart(collector):

@@ -5,18 +5,16 @@ triton.testing.do_bench medians (L2 flushed), bytes = K and V of every context o
 
   python benchmarks/sweep_paged_decode.py --out benchmarks/results/sweep_paged_decode.json
 """
+
 import argparse
 import itertools
-import os
-import sys
 
 import torch
 import triton.testing
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import save_json  # noqa: E402
-from minivllm.layers.paged_decode import paged_decode  # noqa: E402
-from minivllm.layers.torch_attention import paged_decode_attention  # noqa: E402
+from minivllm.layers.paged_decode import paged_decode
+from minivllm.layers.torch_attention import paged_decode_attention
+from minivllm.testing.benchmark import save_json
 
 H, HKV, D, PAGE = 16, 8, 128, 256
 SCENARIOS = [(256, 600, 600), (256, 100, 1500), (128, 300, 1800), (64, 500, 2000), (16, 1000, 2000)]  # B, ctx lo, hi
@@ -32,7 +30,7 @@ def inputs(B, lo, hi, longest_first):
     tables = torch.zeros(B, int(pages.max()), dtype=torch.int32)
     used = 0
     for i, n in enumerate(pages.tolist()):
-        tables[i, :n] = order[used:used + n]
+        tables[i, :n] = order[used : used + n]
         used += n
     k = torch.randn(int(pages.sum()), PAGE, HKV, D, generator=g).to("cuda", torch.bfloat16)
     v = torch.randn(int(pages.sum()), PAGE, HKV, D, generator=g).to("cuda", torch.bfloat16)
@@ -46,31 +44,41 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("sweep_paged_decode.py times the Triton kernel on a GPU; none here")
-    configs = list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4)))     # block_n, num_warps, num_stages
+    configs = list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4)))  # block_n, num_warps, num_stages
     rows = []
     for (B, lo, hi), longest_first in itertools.product(SCENARIOS, (False, True)):
         q, k, v, lens, tables = inputs(B, lo, hi, longest_first)
-        ref = paged_decode_attention(q.float(), k.float(), v.float(), lens, tables, D ** -0.5)
+        ref = paged_decode_attention(q.float(), k.float(), v.float(), lens, tables, D**-0.5)
         nbytes = 2 * int(lens.sum()) * HKV * D * 2
         times = {}
         for bn, w, st in configs:
-            fn = lambda: paged_decode(q, k, v, lens, tables, D ** -0.5, block_n=bn, num_warps=w, num_stages=st)
+            fn = lambda: paged_decode(q, k, v, lens, tables, D**-0.5, block_n=bn, num_warps=w, num_stages=st)
             try:
                 err = (fn().float() - ref).abs().max().item()
-            except Exception as e:                       # e.g. out of shared memory
+            except Exception as e:  # e.g. out of shared memory
                 print(f"  skip {bn, w, st}: {type(e).__name__}")
                 continue
             assert err < 2e-2, f"config {bn, w, st}: max abs diff {err}"
             times[bn, w, st] = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
         base = times[64, 4, 3]
         best = min(times, key=times.get)
-        row = dict(batch=B, ctx=[lo, hi], longest_first=longest_first, default_us=round(base, 1),
-                   default_TBps=round(nbytes / base / 1e6, 2), best=list(best), best_us=round(times[best], 1),
-                   best_TBps=round(nbytes / times[best] / 1e6, 2),
-                   all_us={f"{bn}/{w}/{st}": round(t, 1) for (bn, w, st), t in times.items()})
+        row = dict(
+            batch=B,
+            ctx=[lo, hi],
+            longest_first=longest_first,
+            default_us=round(base, 1),
+            default_TBps=round(nbytes / base / 1e6, 2),
+            best=list(best),
+            best_us=round(times[best], 1),
+            best_TBps=round(nbytes / times[best] / 1e6, 2),
+            all_us={f"{bn}/{w}/{st}": round(t, 1) for (bn, w, st), t in times.items()},
+        )
         rows.append(row)
-        print(f"B={B:3d} ctx {lo}-{hi} longest_first={longest_first!s:5}: default {base:7.1f} us "
-              f"({row['default_TBps']} TB/s)  best {best} {times[best]:7.1f} us ({row['best_TBps']} TB/s)", flush=True)
+        print(
+            f"B={B:3d} ctx {lo}-{hi} longest_first={longest_first!s:5}: default {base:7.1f} us "
+            f"({row['default_TBps']} TB/s)  best {best} {times[best]:7.1f} us ({row['best_TBps']} TB/s)",
+            flush=True,
+        )
     save_json(dict(rows=rows), args.out)
 
 

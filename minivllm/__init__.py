@@ -1,4 +1,5 @@
 """minivllm: a small, readable vLLM-style inference engine (nano-vllm's design), CPU-first."""
+
 import os
 
 import torch
@@ -8,7 +9,7 @@ if not torch.cuda.is_available():
     # and only without CUDA (on a GPU it would also slow torch.compile's own Triton kernels).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from minivllm.sampling_params import SamplingParams  # noqa: E402
+from minivllm.sampling_params import SamplingParams
 
 __all__ = ["LLM", "SamplingParams"]
 
@@ -18,5 +19,6 @@ def __getattr__(name: str):
     # (every spawned tensor-parallel process and notebook kernel imports the package)
     if name == "LLM":
         from minivllm.llm import LLM
+
         return LLM
     raise AttributeError(f"module 'minivllm' has no attribute {name!r}")

@@ -4,6 +4,7 @@ Prompts come from the arguments, or one per line from stdin when none are given.
 model's chat template (unless --no-chat-template), all are generated in one batch, and each prompt is printed
 with its answer, then one throughput line. The model is a Hugging Face checkpoint directory (--model), by
 default the embedded SmolLM2-135M-Instruct."""
+
 import argparse
 import sys
 import time
@@ -14,7 +15,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("prompts", nargs="*", metavar="PROMPT", help="prompts (default: one per line from stdin)")
     p.add_argument("--model", metavar="DIR", help="Hugging Face checkpoint directory (default: SmolLM2-135M-Instruct)")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, metavar="N", help="tensor-parallel processes")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default: a 135M model rambles when sampled)")
+    p.add_argument(
+        "--temperature", type=float, default=0.0, help="0 = greedy (the default: a 135M model rambles when sampled)"
+    )
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling, 1 = off (default 1.0)")
     p.add_argument("--top-k", type=int, default=0, help="top-k sampling, 0 = off (default 0)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens to generate per prompt at most (default 256)")
@@ -40,10 +43,16 @@ def fail(message: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from minivllm import LLM, SamplingParams          # after argparse: --help needs no torch
+    from minivllm import LLM, SamplingParams  # after argparse: --help needs no torch
+
     try:
-        sampling_params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                                         max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
+        sampling_params = SamplingParams(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_tokens=args.max_tokens,
+            ignore_eos=args.ignore_eos,
+        )
     except ValueError as e:
         return fail(str(e))
     prompts = read_prompts(args)
@@ -51,10 +60,12 @@ def main(argv: list[str] | None = None) -> int:
         return fail("no prompts: pass them as arguments, or one per line on stdin")
     if args.model is None:
         from minivllm.utils.default_model import default_model_dir
+
         args.model = default_model_dir()
     try:
-        llm = LLM(args.model, tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager,
-                  seed=args.seed)
+        llm = LLM(
+            args.model, tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager, seed=args.seed
+        )
     except (OSError, ValueError, TypeError) as e:
         return fail(str(e))
     try:
@@ -62,8 +73,12 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_chat_template:
             if llm.tokenizer.chat_template is None:
                 return fail(f"{args.model} has no chat template: pass --no-chat-template")
-            inputs = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                                        tokenize=False) for p in prompts]
+            inputs = [
+                llm.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
+                )
+                for p in prompts
+            ]
         t = time.perf_counter()
         try:
             outputs = llm.generate(inputs, sampling_params, use_tqdm=False)
@@ -75,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     for prompt, out in zip(prompts, outputs):
         print(f"Prompt: {prompt}\nAnswer: {out.text.strip()}\n")
     num_tokens = sum(len(o.token_ids) for o in outputs)
-    print(f"{len(outputs)} requests, {num_tokens} generated tokens in {seconds:.2f} s: "
-          f"{num_tokens / seconds:.1f} tok/s")
+    print(
+        f"{len(outputs)} requests, {num_tokens} generated tokens in {seconds:.2f} s: {num_tokens / seconds:.1f} tok/s"
+    )
     return 0
 
 

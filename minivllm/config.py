@@ -1,4 +1,5 @@
 """Engine configuration (nano-vllm's config.py): one dataclass, validated on construction."""
+
 import os
 from dataclasses import dataclass, field, fields
 
@@ -9,19 +10,19 @@ from transformers import AutoConfig, PretrainedConfig
 @dataclass(slots=True)
 class Config:
     model: str
-    max_num_batched_tokens: int = 16384     # tokens per step; longer prompts are prefilled in chunks
-    max_num_seqs: int = 512                 # sequences running at once
-    max_model_len: int = 4096               # prompt + generated tokens, capped by the model's positions
-    gpu_memory_utilization: float = 0.9     # fraction of GPU memory the engine may use (KV cache sized to fit)
-    cpu_kvcache_bytes: int = 1 << 30        # on CPU, the KV cache's byte budget
-    num_kvcache_blocks: int = -1            # > 0: exactly this many blocks (tests force pressure with it)
-    kvcache_block_size: int = 256           # tokens per KV block
+    max_num_batched_tokens: int = 16384  # tokens per step; longer prompts are prefilled in chunks
+    max_num_seqs: int = 512  # sequences running at once
+    max_model_len: int = 4096  # prompt + generated tokens, capped by the model's positions
+    gpu_memory_utilization: float = 0.9  # fraction of GPU memory the engine may use (KV cache sized to fit)
+    cpu_kvcache_bytes: int = 1 << 30  # on CPU, the KV cache's byte budget
+    num_kvcache_blocks: int = -1  # > 0: exactly this many blocks (tests force pressure with it)
+    kvcache_block_size: int = 256  # tokens per KV block
     tensor_parallel_size: int = 1
-    enforce_eager: bool = False             # True: no CUDA graphs
+    enforce_eager: bool = False  # True: no CUDA graphs
     enable_prefix_caching: bool = True
-    dtype: str = "auto"                     # auto: the checkpoint's dtype on GPU, float32 on CPU
-    attention_backend: str | None = None    # None: fastest available (see layers/attention_backend.py)
-    device: str = "auto"                    # auto: CUDA if there is a GPU for every TP rank, else CPU
+    dtype: str = "auto"  # auto: the checkpoint's dtype on GPU, float32 on CPU
+    attention_backend: str | None = None  # None: fastest available (see layers/attention_backend.py)
+    device: str = "auto"  # auto: CUDA if there is a GPU for every TP rank, else CPU
     seed: int = 0
     hf_config: PretrainedConfig | None = field(default=None, repr=False)
 
@@ -30,7 +31,13 @@ class Config:
             raise FileNotFoundError(f"model directory {self.model!r} does not exist")
         if not os.path.isfile(os.path.join(self.model, "config.json")):
             raise FileNotFoundError(f"{self.model!r} has no config.json (expected a Hugging Face checkpoint directory)")
-        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "kvcache_block_size", "tensor_parallel_size"):
+        for name in (
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "max_model_len",
+            "kvcache_block_size",
+            "tensor_parallel_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.gpu_memory_utilization <= 1:
@@ -46,10 +53,19 @@ class Config:
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         self.hf_config = self.hf_config or AutoConfig.from_pretrained(self.model)
         self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)
-        for name in ("num_attention_heads", "num_key_value_heads"):   # heads are sharded: check before spawning
+        for name in ("num_attention_heads", "num_key_value_heads"):  # heads are sharded: check before spawning
             n = getattr(self.hf_config, name, None) or self.hf_config.num_attention_heads
             if n % self.tensor_parallel_size:
                 raise ValueError(f"tensor parallel size {self.tensor_parallel_size} does not divide {name} {n}")
+
+    def torch_dtype(self) -> torch.dtype:
+        """The dtype the model runs in: `dtype`, or for "auto" the checkpoint's dtype on a GPU, float32 on CPU."""
+        if self.dtype != "auto":
+            return getattr(torch, self.dtype)
+        if self.device != "cuda":
+            return torch.float32
+        dtype = getattr(self.hf_config, "dtype", None) or getattr(self.hf_config, "torch_dtype", None) or torch.bfloat16
+        return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
     @classmethod
     def from_engine_args(cls, model: str, **kwargs) -> "Config":

@@ -1,12 +1,13 @@
 """Per-request sampling parameters, vLLM-shaped and validated on construction."""
+
 from dataclasses import dataclass, field
 
 
 @dataclass(slots=True)
 class SamplingParams:
-    temperature: float = 1.0        # 0 = greedy
-    top_k: int = 0                  # 0 = off
-    top_p: float = 1.0              # 1 = off
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
     max_tokens: int = 64
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)

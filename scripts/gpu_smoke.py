@@ -1,6 +1,7 @@
 """GPU smoke check (run on the H200 through the device tool): every attention backend and CUDA graphs on
 vs off give the same greedy tokens, on a tiny Qwen3 (fp32) and a random Qwen3-0.6B-shaped model (bf16),
 against a reference with torch attention and no programmatic dependent launch."""
+
 import os
 import sys
 import time
@@ -9,8 +10,8 @@ import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.layers import attention_backend
-from minivllm.utils import pdl
-from minivllm.utils.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
+from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
+from minivllm.utils import switches
 
 
 def greedy(path, prompts, n, **kw):
@@ -27,26 +28,52 @@ def main() -> int:
     ok = True
     for name, path, dtype, n in [
         ("tiny-qwen3 fp32", make_tiny_checkpoint(f"{cache}/tiny-qwen3-smoke", "qwen3"), "float32", 48),
-        ("qwen3-0.6b-random bf16", make_tiny_checkpoint(f"{cache}/qwen3-0.6b-random", "qwen3", dtype=torch.bfloat16,
-                                                         **QWEN3_0_6B), "bfloat16", 32),
+        (
+            "qwen3-0.6b-random bf16",
+            make_tiny_checkpoint(f"{cache}/qwen3-0.6b-random", "qwen3", dtype=torch.bfloat16, **QWEN3_0_6B),
+            "bfloat16",
+            32,
+        ),
     ]:
         prompts = [[(7 * i + L) % 500 for i in range(L)] for L in (5, 300, 1, 700)]
-        pdl.set_enabled(False)
-        _, ref = greedy(path, prompts, n, attention_backend="torch", enforce_eager=True, dtype=dtype,
-                        max_model_len=2048, max_num_seqs=64)
-        pdl.set_enabled(True)
+        switches.set(pdl=False)
+        _, ref = greedy(
+            path,
+            prompts,
+            n,
+            attention_backend="torch",
+            enforce_eager=True,
+            dtype=dtype,
+            max_model_len=2048,
+            max_num_seqs=64,
+        )
+        switches.set(pdl=True)
         runs = {}
         for backend in attention_backend.available("cuda", getattr(torch, dtype)):
             for eager in (True, False):
                 t = time.perf_counter()
-                _, toks = greedy(path, prompts, n, attention_backend=backend, enforce_eager=eager, dtype=dtype,
-                                 max_model_len=2048, max_num_seqs=64)
+                _, toks = greedy(
+                    path,
+                    prompts,
+                    n,
+                    attention_backend=backend,
+                    enforce_eager=eager,
+                    dtype=dtype,
+                    max_model_len=2048,
+                    max_num_seqs=64,
+                )
                 runs[(backend, eager)] = toks
-                print(f"{name}: backend={backend} eager={eager} ({time.perf_counter() - t:.1f}s) first tokens {toks[1][:6]}")
+                print(
+                    f"{name}: backend={backend} eager={eager} ({time.perf_counter() - t:.1f}s) "
+                    f"first tokens {toks[1][:6]}"
+                )
         for key, toks in runs.items():
             agree = [sum(a == b for a, b in zip(x, y)) / len(y) for x, y in zip(toks, ref)]
             same = all(x == y for x, y in zip(toks, ref))
-            print(f"  {name} {key} vs the plain reference: identical={same} per-prompt agreement={[round(a, 2) for a in agree]}")
+            print(
+                f"  {name} {key} vs the plain reference: identical={same} "
+                f"per-prompt agreement={[round(a, 2) for a in agree]}"
+            )
             ok &= same or dtype == "bfloat16"
     print("SMOKE", "OK" if ok else "FAILED")
     return 0 if ok else 1

@@ -5,13 +5,15 @@ carry [".gpuA", ".gpuB"] for FlashAttention-4):
   source .gpuB/device-env.sh; python3 scripts/gpu_tp.py --out $OUT/gpu_tp.json
 
 It starts 11 engines; if one call's 10 minutes are not enough, split it: `--only fp32,pair` then
-`--only bf16`, each with its own --out. Dry run on CPU (gloo, eager, a tiny Qwen3):  python3 scripts/gpu_tp.py --device cpu --small --out /tmp/tp.json
+`--only bf16`, each with its own --out. Dry run on CPU (gloo, eager, a tiny Qwen3):
+  python3 scripts/gpu_tp.py --device cpu --small --out /tmp/tp.json
 
 Checks: (1) fp32: greedy tokens at TP=2 identical to TP=1, CUDA graphs on and off; (2) bf16 with the fastest
 backend: TP=2 agrees with TP=1 as well as bf16 allows (criterion in `bf16_check`); (3) two TP=2 engines
 alive side by side in one process give the single-engine tokens; (4) after every exit() no child process is
 left. Prints a table, writes JSON (date, command, versions), exits 1 if a check failed. bench.py --tp does
 the throughput side."""
+
 import argparse
 import multiprocessing
 import os
@@ -22,15 +24,14 @@ from multiprocessing import resource_tracker
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import save_json  # noqa: E402  (the repo root's bench.py: date, command, versions, JSON)
-from minivllm import LLM, SamplingParams  # noqa: E402
-from minivllm.utils.tiny_model import QWEN3_0_6B, make_tiny_checkpoint  # noqa: E402
+from minivllm import LLM, SamplingParams
+from minivllm.testing.benchmark import save_json
+from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 
 # Not engine leaks: per-process helpers that live until the interpreter exits (multiprocessing's resource
 # tracker, started by the first spawn; torch.compile's pool of compile workers). Listed, not counted.
 HELPERS = ("resource_tracker", "compile_worker")
-exits: list[dict] = []                      # one record per exit(): stray children after it
+exits: list[dict] = []  # one record per exit(): stray children after it
 memo: dict[tuple[str, str], list[list[int]]] = {}
 
 
@@ -39,7 +40,7 @@ def children(expected: set[int], grace: float = 5.0) -> tuple[list[str], list[st
     `expected` are the workers of engines still alive (not strays)."""
     deadline = time.time() + grace
     while True:
-        pids = {p.pid for p in multiprocessing.active_children()}        # also reaps finished ones
+        pids = {p.pid for p in multiprocessing.active_children()}  # also reaps finished ones
         for d in os.listdir("/proc"):
             try:
                 with open(f"/proc/{d}/status") as f:
@@ -71,8 +72,16 @@ def close(llm: LLM, label: str, alive: tuple[LLM, ...] = ()) -> None:
 
 
 def engine(path: str, tp: int, eager: bool, dtype: str, a, **kw) -> LLM:
-    return LLM(path, tensor_parallel_size=tp, enforce_eager=eager, dtype=dtype, device=a.device,
-               max_model_len=2048, max_num_seqs=64, **kw)
+    return LLM(
+        path,
+        tensor_parallel_size=tp,
+        enforce_eager=eager,
+        dtype=dtype,
+        device=a.device,
+        max_model_len=2048,
+        max_num_seqs=64,
+        **kw,
+    )
 
 
 def greedy(llm: LLM, prompts: list[list[int]], n: int) -> list[list[int]]:
@@ -101,8 +110,11 @@ def prefix(x: list[int], y: list[int]) -> int:
 def agreement(xs, ys) -> dict:
     """Per prompt: common prefix length, its fraction of the output, and the fraction of equal positions."""
     pre = [prefix(x, y) for x, y in zip(xs, ys)]
-    return dict(prefix=pre, prefix_frac=round(sum(p / len(y) for p, y in zip(pre, ys)) / len(ys), 3),
-                equal_frac=[round(sum(p == q for p, q in zip(x, y)) / len(y), 2) for x, y in zip(xs, ys)])
+    return dict(
+        prefix=pre,
+        prefix_frac=round(sum(p / len(y) for p, y in zip(pre, ys)) / len(ys), 3),
+        equal_frac=[round(sum(p == q for p, q in zip(x, y)) / len(y), 2) for x, y in zip(xs, ys)],
+    )
 
 
 def fp32_check(a, path, prompts, n) -> tuple[bool, dict]:
@@ -110,7 +122,7 @@ def fp32_check(a, path, prompts, n) -> tuple[bool, dict]:
     partial sums), ~1e-7 relative, far below the gap between the two best logits."""
     ref = run(path, prompts, n, 1, True, "float32", a)
     detail, ok = {}, True
-    for tp, eager in [(1, False), (2, True), (2, False)] if a.device == "cuda" else [(2, True)]:   # CPU: no graphs
+    for tp, eager in [(1, False), (2, True), (2, False)] if a.device == "cuda" else [(2, True)]:  # CPU: no graphs
         same = run(path, prompts, n, tp, eager, "float32", a) == ref
         detail[f"tp={tp} eager={eager}"] = same
         ok &= same
@@ -126,7 +138,7 @@ def bf16_check(a, path, prompts, n) -> tuple[bool, dict]:
     drift from each other about twice as fast. Pass: mean common-prefix fraction(TP=2, TP=1) >=
     min(0.5, 0.5 x mean common-prefix fraction(TP=1 bf16, fp32)). A sharding bug gives ~0."""
     dtype = "bfloat16"
-    exact = run(path, prompts, n, 1, True, "float32", a)         # the bf16 weights, computed in fp32
+    exact = run(path, prompts, n, 1, True, "float32", a)  # the bf16 weights, computed in fp32
     floor = agreement(run(path, prompts, n, 1, True, dtype, a), exact)
     need = min(0.5, 0.5 * floor["prefix_frac"])
     print(f"  bf16 tp=1 vs fp32: {floor}  -> TP=2 needs mean prefix fraction >= {need:.3f}")
@@ -153,7 +165,7 @@ def side_by_side_check(a, path, prompts, n) -> tuple[bool, dict]:
         print(f"  two tp=2 engines, alternate rounds identical to tp=1: {rounds}")
     finally:
         for i, llm in enumerate(engines):
-            close(llm, f"side-by-side #{i + 1}", alive=tuple(engines[i + 1:]))
+            close(llm, f"side-by-side #{i + 1}", alive=tuple(engines[i + 1 :]))
     return all(rounds), dict(rounds=rounds)
 
 
@@ -175,29 +187,46 @@ def main() -> int:
     if a.device == "cuda":
         print("GPUs:", [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])
     results = []
-    for key, name, check, path in [("fp32", "fp32 TP=2 == TP=1", fp32_check, fp32),
-                                   ("bf16", "bf16 TP=2 ~ TP=1", bf16_check, bf16),
-                                   ("pair", "two TP=2 engines side by side", side_by_side_check, fp32)]:
+    for key, name, check, path in [
+        ("fp32", "fp32 TP=2 == TP=1", fp32_check, fp32),
+        ("bf16", "bf16 TP=2 ~ TP=1", bf16_check, bf16),
+        ("pair", "two TP=2 engines side by side", side_by_side_check, fp32),
+    ]:
         if key not in a.only.split(","):
             continue
         print(f"== {name}")
         t = time.perf_counter()
         try:
             ok, detail = check(a, path, prompts, n)
-        except Exception:                                       # record it (innermost frames), run the others
+        except Exception:  # record it (innermost frames), run the others
             ok, detail = False, dict(error=traceback.format_exc(limit=-8))
             print(detail["error"])
         results.append(dict(check=name, ok=ok, seconds=round(time.perf_counter() - t, 1), detail=detail))
     stray = sum(e["stray"] for e in exits)
-    results.append(dict(check=f"clean exit ({len(exits)} engines)", ok=stray == 0 and len(exits) > 0,
-                        detail=dict(stray_total=stray, exits=exits)))
+    results.append(
+        dict(
+            check=f"clean exit ({len(exits)} engines)",
+            ok=stray == 0 and len(exits) > 0,
+            detail=dict(stray_total=stray, exits=exits),
+        )
+    )
     print(f"\n{'check':<36} result")
     for r in results:
         print(f"{r['check']:<36} {'PASS' if r['ok'] else 'FAIL'}")
     ok = all(r["ok"] for r in results)
-    save_json(dict(device=a.device, small=a.small, max_tokens=n, prompt_lens=[len(x) for x in prompts],
-                   gpus=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-                   nccl_nvls_enable=os.environ.get("NCCL_NVLS_ENABLE"), passed=ok, results=results), a.out)
+    save_json(
+        dict(
+            device=a.device,
+            small=a.small,
+            max_tokens=n,
+            prompt_lens=[len(x) for x in prompts],
+            gpus=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+            nccl_nvls_enable=os.environ.get("NCCL_NVLS_ENABLE"),
+            passed=ok,
+            results=results,
+        ),
+        a.out,
+    )
     print("GPU_TP", "OK" if ok else "FAILED")
     return 0 if ok else 1
 

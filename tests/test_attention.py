@@ -1,6 +1,7 @@
-"""Attention over the paged KV cache (seed 000 section 7, seed 002 section 5): every available backend
+"""Attention over the paged KV cache (notebooks 07 and 08): every available backend
 against a naive fp64 reference on ragged batches, the paged cache against a contiguous one, the prefix
 path against a full recompute, the Attention layer's three paths end to end, and the input checks."""
+
 import math
 
 import pytest
@@ -11,10 +12,11 @@ from conftest import assert_close
 from minivllm.layers import attention_backend
 from minivllm.layers.attention import Attention
 from minivllm.layers.torch_attention import gather_paged
+from minivllm.utils import switches
 from minivllm.utils.context import reset_context, set_context
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-HEAD_DIM = 128 if DEVICE == "cuda" else 16      # FlashAttention kernels want a real head_dim; CPU stays small
+HEAD_DIM = 128 if DEVICE == "cuda" else 16  # FlashAttention kernels want a real head_dim; CPU stays small
 
 # (q heads, kv heads, block size, sequence lengths): GQA 16/8 and 9/3, one long sequence among short ones
 CASES = [
@@ -28,25 +30,27 @@ CASE_IDS = [f"h{h}kv{kv}-bs{bs}-L{max(lens)}" for h, kv, bs, lens in CASES]
 
 # --- the reference: softmax(Q K^T / sqrt(d)) V in fp64, explicit bottom-right mask, GQA by repeat ----
 
+
 def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """q (Lq, H, D), k/v (Lk, Hkv, D) of ONE sequence -> (Lq, H, D) fp64; query i sits at position Lk - Lq + i."""
     Lq, H, _ = q.shape
     Lk, Hkv, _ = k.shape
-    k = k.double().repeat_interleave(H // Hkv, dim=1)              # (Lk, H, D): q head h reads kv head h // group
+    k = k.double().repeat_interleave(H // Hkv, dim=1)  # (Lk, H, D): q head h reads kv head h // group
     v = v.double().repeat_interleave(H // Hkv, dim=1)
     out = []
-    for start in range(0, Lq, 256):                                 # query chunks keep the (H, 256, Lk) scores small
-        qc = q[start:start + 256].double()                          # (c, H, D)
+    for start in range(0, Lq, 256):  # query chunks keep the (H, 256, Lk) scores small
+        qc = q[start : start + 256].double()  # (c, H, D)
         pos = torch.arange(start, start + qc.shape[0])[:, None] + (Lk - Lq)  # (c, 1) absolute query positions
-        seen = int(pos[-1]) + 1                                     # keys after the chunk's last query: all masked
+        seen = int(pos[-1]) + 1  # keys after the chunk's last query: all masked
         scores = torch.einsum("qhd,khd->hqk", qc, k[:seen]) * scale  # (H, c, seen)
-        allowed = torch.arange(seen)[None, :] <= pos                # (c, seen) bottom-right causal
+        allowed = torch.arange(seen)[None, :] <= pos  # (c, seen) bottom-right causal
         scores = scores.masked_fill(~allowed.to(scores.device), float("-inf"))
         out.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), v[:seen]))
     return torch.cat(out)
 
 
 # --- helpers: ragged batches and a paged cache ---------------------------------------------------------
+
 
 def dtype_for(backend: str) -> torch.dtype:
     return torch.float32 if backend == "torch" else torch.bfloat16
@@ -65,10 +69,10 @@ BACKENDS = ["torch", pytest.param("fa4", marks=pytest.mark.gpu), pytest.param("f
 def ragged(lens: list[int], heads: int, kv_heads: int, dtype: torch.dtype, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     T = sum(lens)
-    q = torch.randn(T, heads, HEAD_DIM, generator=g).to(DEVICE, dtype)        # (T, H, D)
-    k = torch.randn(T, kv_heads, HEAD_DIM, generator=g).to(DEVICE, dtype)     # (T, Hkv, D)
+    q = torch.randn(T, heads, HEAD_DIM, generator=g).to(DEVICE, dtype)  # (T, H, D)
+    k = torch.randn(T, kv_heads, HEAD_DIM, generator=g).to(DEVICE, dtype)  # (T, Hkv, D)
     v = torch.randn(T, kv_heads, HEAD_DIM, generator=g).to(DEVICE, dtype)
-    cu = torch.tensor([0] + lens, device=DEVICE).cumsum(0).to(torch.int32)    # (S + 1,)
+    cu = torch.tensor([0] + lens, device=DEVICE).cumsum(0).to(torch.int32)  # (S + 1,)
     return q, k, v, cu
 
 
@@ -81,7 +85,7 @@ def paged_layout(lens: list[int], block_size: int, shuffle: bool, spare: int = 3
     tables = torch.full((len(lens), max(needed) + 1), -1, dtype=torch.int32)  # one extra -1 column of padding
     slots, used = [], 0
     for i, (n, nb) in enumerate(zip(lens, needed)):
-        tables[i, :nb] = order[used:used + nb]
+        tables[i, :nb] = order[used : used + nb]
         used += nb
         pos = torch.arange(n)
         slots.append(tables[i, pos // block_size].long() * block_size + pos % block_size)
@@ -105,12 +109,13 @@ def split(x: torch.Tensor, lens: list[int]) -> list[torch.Tensor]:
 
 # --- prefill over fresh K/V -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("heads,kv_heads,block_size,lens", CASES, ids=CASE_IDS)
 def test_prefill_matches_reference(backend, heads, kv_heads, block_size, lens):
     need(backend)
     q, k, v, cu = ragged(lens, heads, kv_heads, dtype_for(backend))
-    scale = HEAD_DIM ** -0.5
+    scale = HEAD_DIM**-0.5
     out = attention_backend.prefill(backend, q, k, v, cu, max(lens), scale)
     assert out.shape == q.shape
     expected = torch.cat([naive_attention(*t, scale) for t in zip(split(q, lens), split(k, lens), split(v, lens))])
@@ -119,6 +124,7 @@ def test_prefill_matches_reference(backend, heads, kv_heads, block_size, lens):
 
 # --- decode over the paged cache ----------------------------------------------------------------------
 
+
 def page_table(backend: str, tables: torch.Tensor) -> torch.Tensor:
     """What the Attention layer passes: -1 padded tables for torch, padding mapped to block 0 for flash kernels."""
     return tables if backend == "torch" else tables.clamp(min=0)
@@ -126,8 +132,9 @@ def page_table(backend: str, tables: torch.Tensor) -> torch.Tensor:
 
 def decode_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int], scale: float) -> torch.Tensor:
     """One query per sequence (q row i) over that sequence's packed k/v, by the fp64 reference."""
-    return torch.cat([naive_attention(q[i:i + 1], ki, vi, scale)
-                      for i, (ki, vi) in enumerate(zip(split(k, lens), split(v, lens)))])
+    return torch.cat(
+        [naive_attention(q[i : i + 1], ki, vi, scale) for i, (ki, vi) in enumerate(zip(split(k, lens), split(v, lens)))]
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -138,17 +145,17 @@ def test_decode_matches_reference_and_contiguous_cache(backend, heads, kv_heads,
     _, k, v, _ = ragged(lens, heads, kv_heads, dtype)
     q = torch.randn(len(lens), heads, HEAD_DIM, generator=torch.Generator().manual_seed(5)).to(DEVICE, dtype)
     ctx = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    scale = HEAD_DIM ** -0.5
+    scale = HEAD_DIM**-0.5
     outs = []
-    for shuffle in (True, False):                   # scattered blocks vs each sequence in consecutive blocks
+    for shuffle in (True, False):  # scattered blocks vs each sequence in consecutive blocks
         num_blocks, tables, slots = paged_layout(lens, block_size, shuffle)
         k_cache, v_cache = make_cache(num_blocks, block_size, kv_heads, dtype, k, v, slots)
         for i, (ki, n) in enumerate(zip(split(k, lens), lens)):
-            assert torch.equal(gather_paged(k_cache, tables[i], n), ki)     # the table finds exactly our K
+            assert torch.equal(gather_paged(k_cache, tables[i], n), ki)  # the table finds exactly our K
         outs.append(attention_backend.decode(backend, q, k_cache, v_cache, ctx, page_table(backend, tables), scale))
     expected = decode_reference(q, k, v, lens, scale)
     assert_close(outs[0].float(), expected, dtype=dtype)
-    assert_close(outs[0].float(), outs[1].float(), dtype=dtype)             # paged == contiguous
+    assert_close(outs[0].float(), outs[1].float(), dtype=dtype)  # paged == contiguous
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -164,33 +171,34 @@ def test_decode_padded_rows(backend):
     tables = torch.cat([tables, torch.full((pad, tables.shape[1]), -1, dtype=torch.int32, device=DEVICE)])
     ctx = torch.tensor(lens + [0] * pad, dtype=torch.int32, device=DEVICE)
     q = torch.randn(len(lens) + pad, heads, HEAD_DIM, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
-    out = attention_backend.decode(backend, q, k_cache, v_cache, ctx, page_table(backend, tables), HEAD_DIM ** -0.5)
-    real = out[:len(lens)].float()
+    out = attention_backend.decode(backend, q, k_cache, v_cache, ctx, page_table(backend, tables), HEAD_DIM**-0.5)
+    real = out[: len(lens)].float()
     assert torch.isfinite(real).all()
-    expected = decode_reference(q, k, v, lens, HEAD_DIM ** -0.5)
+    expected = decode_reference(q, k, v, lens, HEAD_DIM**-0.5)
     assert_close(real, expected, dtype=dtype)
 
 
 # --- our Triton decode kernel (minivllm/layers/paged_decode.py), the flash backends' decode on a GPU ---------
 
-TRITON_CASES = CASES if DEVICE == "cuda" else CASES[1:]     # the interpreter is slow: no 2000-token context on CPU
+TRITON_CASES = CASES if DEVICE == "cuda" else CASES[1:]  # the interpreter is slow: no 2000-token context on CPU
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("heads,kv_heads,block_size,lens", TRITON_CASES, ids=CASE_IDS[-len(TRITON_CASES):])
+@pytest.mark.parametrize("heads,kv_heads,block_size,lens", TRITON_CASES, ids=CASE_IDS[-len(TRITON_CASES) :])
 def test_triton_decode_matches_reference(dtype, splits, heads, kv_heads, block_size, lens):
     """GQA groups, tiles that cross pages (block size 16 < the kernel's 64-token tile), split-KV with splits
     longer than some contexts (empty splits), a padded row with context 0 (zeros, and no harm to the others)."""
     from minivllm.layers.paged_decode import paged_decode
+
     _, k, v, _ = ragged(lens, heads, kv_heads, dtype)
     num_blocks, tables, slots = paged_layout(lens, block_size, shuffle=True)
     k_cache, v_cache = make_cache(num_blocks, block_size, kv_heads, dtype, k, v, slots)
-    tables = torch.cat([tables, torch.full_like(tables[:1], -1)])                  # + a padding row
+    tables = torch.cat([tables, torch.full_like(tables[:1], -1)])  # + a padding row
     ctx = torch.tensor(lens + [0], dtype=torch.int32, device=DEVICE)
     q = torch.randn(len(lens) + 1, heads, HEAD_DIM, generator=torch.Generator().manual_seed(4)).to(DEVICE, dtype)
-    out = paged_decode(q, k_cache, v_cache, ctx, tables.clamp(min=0), HEAD_DIM ** -0.5, splits=splits)
-    assert_close(out[:-1].float(), decode_reference(q[:-1], k, v, lens, HEAD_DIM ** -0.5), dtype=dtype)
+    out = paged_decode(q, k_cache, v_cache, ctx, tables.clamp(min=0), HEAD_DIM**-0.5, splits=splits)
+    assert_close(out[:-1].float(), decode_reference(q[:-1], k, v, lens, HEAD_DIM**-0.5), dtype=dtype)
     assert (out[-1] == 0).all()
 
 
@@ -209,15 +217,33 @@ def test_gpu_decode_kernels_agree_on_the_benchmark_shapes():
         ctx_t = torch.tensor(lens, dtype=torch.int32, device="cuda")
         outs = {}
         for kernel in ("triton", "flash"):
-            attention_backend.set_decode_kernel(kernel)
-            outs[kernel] = attention_backend.decode("fa4", q, k_cache, v_cache, ctx_t, tables.clamp(min=0), 128 ** -0.5)
-        attention_backend.set_decode_kernel("triton")
-        exact = attention_backend.decode("torch", q.float(), k_cache.float(), v_cache.float(), ctx_t, tables, 128 ** -0.5)
+            with switches.override(decode_kernel=kernel):
+                outs[kernel] = attention_backend.decode(
+                    "fa4", q, k_cache, v_cache, ctx_t, tables.clamp(min=0), 128**-0.5
+                )
+        exact = attention_backend.decode("torch", q.float(), k_cache.float(), v_cache.float(), ctx_t, tables, 128**-0.5)
         err_t, err_f = (outs["triton"].float() - exact).abs().max(), (outs["flash"].float() - exact).abs().max()
         assert err_t <= 2 * err_f + 1e-3, f"batch {batch}: triton error {err_t:.3g}, FA4 error {err_f:.3g}"
 
 
+def prefill_paged(backend, q, k_cache, v_cache, cu_q, cu_k, max_q, max_k, ctx, tables, scale):
+    return attention_backend.prefill_paged(
+        backend,
+        q,
+        k_cache,
+        v_cache,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=cu_k,
+        max_seqlen_q=max_q,
+        max_seqlen_k=max_k,
+        context_lens=ctx,
+        block_tables=tables,
+        scale=scale,
+    )
+
+
 # --- prefill over the paged cache: a cached prefix (or an earlier chunk) ---------------------------------
+
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("heads,kv_heads,block_size,lens", CASES, ids=CASE_IDS)
@@ -225,48 +251,57 @@ def test_prefix_prefill_matches_full_recompute(backend, heads, kv_heads, block_s
     need(backend, block_size)
     dtype = dtype_for(backend)
     q, k, v, cu = ragged(lens, heads, kv_heads, dtype)
-    scale = HEAD_DIM ** -0.5
+    scale = HEAD_DIM**-0.5
     g = torch.Generator().manual_seed(7)
-    new = [int(torch.randint(1, n + 1, (1,), generator=g)) for n in lens]       # 1..n new queries, rest cached
+    new = [int(torch.randint(1, n + 1, (1,), generator=g)) for n in lens]  # 1..n new queries, rest cached
     num_blocks, tables, slots = paged_layout(lens, block_size, shuffle=True)
     k_cache, v_cache = make_cache(num_blocks, block_size, kv_heads, dtype, k, v, slots)
-    q_new = torch.cat([qi[n - m:] for qi, n, m in zip(split(q, lens), lens, new)])  # (sum(new), H, D)
+    q_new = torch.cat([qi[n - m :] for qi, n, m in zip(split(q, lens), lens, new)])  # (sum(new), H, D)
     cu_q = torch.tensor([0] + new, device=DEVICE).cumsum(0).to(torch.int32)
     ctx = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    out = attention_backend.prefill_paged(backend, q_new, k_cache, v_cache, cu_q, cu, max(new), max(lens), ctx,
-                                          page_table(backend, tables), scale)
-    full = attention_backend.prefill(backend, q, k, v, cu, max(lens), scale)     # recompute everything
-    full_rows = torch.cat([fi[n - m:] for fi, n, m in zip(split(full, lens), lens, new)])
+    out = prefill_paged(
+        backend, q_new, k_cache, v_cache, cu_q, cu, max(new), max(lens), ctx, page_table(backend, tables), scale
+    )
+    full = attention_backend.prefill(backend, q, k, v, cu, max(lens), scale)  # recompute everything
+    full_rows = torch.cat([fi[n - m :] for fi, n, m in zip(split(full, lens), lens, new)])
     assert_close(out.float(), full_rows.float(), dtype=dtype)
-    expected = torch.cat([naive_attention(qi[n - m:], ki, vi, scale)
-                          for qi, ki, vi, n, m in zip(split(q, lens), split(k, lens), split(v, lens), lens, new)])
+    expected = torch.cat(
+        [
+            naive_attention(qi[n - m :], ki, vi, scale)
+            for qi, ki, vi, n, m in zip(split(q, lens), split(k, lens), split(v, lens), lens, new)
+        ]
+    )
     assert_close(out.float(), expected, dtype=dtype)
 
 
 # --- the Attention layer: store, then one of three paths, driven by the step context ----------------------
 
+
 @pytest.fixture
 def layer_backend():
     yield
-    attention_backend.set_backend(None)
     reset_context()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_attention_layer_three_paths(backend, layer_backend):
     need(backend, 256 if backend == "flash_attn" else 16)
-    attention_backend.set_backend(backend)
     heads, kv_heads, dtype = 4, 2, dtype_for(backend)
     block_size = 256 if backend == "flash_attn" else 16
-    scale = HEAD_DIM ** -0.5
+    scale = HEAD_DIM**-0.5
     layer = Attention(heads, HEAD_DIM, scale, kv_heads)
+    layer.backend = backend
     num_blocks = 8
     layer.k_cache = torch.zeros(num_blocks, block_size, kv_heads, HEAD_DIM, dtype=dtype, device=DEVICE)
     layer.v_cache = torch.zeros_like(layer.k_cache)
     # two sequences; sequence 0 owns blocks [5, 2, ...], sequence 1 owns [0, 6, ...]
     full_lens = [2 * block_size + 3, block_size - 1]
-    q, k, v, _ = ragged([n + 1 for n in full_lens], heads, kv_heads, dtype, seed=3)   # +1: the decode token
-    qs, ks, vs = split(q, [n + 1 for n in full_lens]), split(k, [n + 1 for n in full_lens]), split(v, [n + 1 for n in full_lens])
+    q, k, v, _ = ragged([n + 1 for n in full_lens], heads, kv_heads, dtype, seed=3)  # +1: the decode token
+    qs, ks, vs = (
+        split(q, [n + 1 for n in full_lens]),
+        split(k, [n + 1 for n in full_lens]),
+        split(v, [n + 1 for n in full_lens]),
+    )
     tables = torch.tensor([[5, 2, 7], [0, 6, -1]], dtype=torch.int32, device=DEVICE)
 
     def slots_of(i, positions):
@@ -277,55 +312,78 @@ def test_attention_layer_three_paths(backend, layer_backend):
     lens = full_lens
     cu = torch.tensor([0] + lens, device=DEVICE).cumsum(0).to(torch.int32)
     slot_mapping = torch.cat([slots_of(i, range(n)) for i, n in enumerate(lens)])
-    set_context(True, cu, cu, max(lens), max(lens), slot_mapping)
-    out = layer(torch.cat([x[:n] for x, n in zip(qs, lens)]), torch.cat([x[:n] for x, n in zip(ks, lens)]),
-                torch.cat([x[:n] for x, n in zip(vs, lens)]))
+    set_context(
+        True,
+        cu_seqlens_q=cu,
+        cu_seqlens_k=cu,
+        max_seqlen_q=max(lens),
+        max_seqlen_k=max(lens),
+        slot_mapping=slot_mapping,
+    )
+    out = layer(
+        torch.cat([x[:n] for x, n in zip(qs, lens)]),
+        torch.cat([x[:n] for x, n in zip(ks, lens)]),
+        torch.cat([x[:n] for x, n in zip(vs, lens)]),
+    )
     expected = torch.cat([naive_attention(qi[:n], ki[:n], vi[:n], scale) for qi, ki, vi, n in zip(qs, ks, vs, lens)])
     assert_close(out.float(), expected, dtype=dtype)
-    for i, n in enumerate(lens):                                            # the store wrote every slot
+    for i, n in enumerate(lens):  # the store wrote every slot
         assert torch.equal(gather_paged(layer.k_cache, tables[i], n), ks[i][:n])
         assert torch.equal(gather_paged(layer.v_cache, tables[i], n), vs[i][:n])
 
     # 2) decode one token per sequence, batch padded with two rows (slot -1, context 0, table all -1)
     pad = 2
     dec_tables = torch.cat([tables, torch.full((pad, 3), -1, dtype=torch.int32, device=DEVICE)])
-    dec_slots = torch.cat([slots_of(0, [lens[0]]), slots_of(1, [lens[1]]),
-                           torch.full((pad,), -1, dtype=torch.int32, device=DEVICE)])
+    dec_slots = torch.cat(
+        [slots_of(0, [lens[0]]), slots_of(1, [lens[1]]), torch.full((pad,), -1, dtype=torch.int32, device=DEVICE)]
+    )
     ctx = torch.tensor([n + 1 for n in lens] + [0] * pad, dtype=torch.int32, device=DEVICE)
     g = torch.Generator().manual_seed(9)
     q_pad, kv_pad = (torch.randn(pad, h, HEAD_DIM, generator=g).to(DEVICE, dtype) for h in (heads, kv_heads))
     cache_before = layer.k_cache.clone()
     set_context(False, slot_mapping=dec_slots, context_lens=ctx, block_tables=dec_tables)
-    out = layer(torch.cat([qs[0][-1:], qs[1][-1:], q_pad]), torch.cat([ks[0][-1:], ks[1][-1:], kv_pad]),
-                torch.cat([vs[0][-1:], vs[1][-1:], kv_pad]))
+    out = layer(
+        torch.cat([qs[0][-1:], qs[1][-1:], q_pad]),
+        torch.cat([ks[0][-1:], ks[1][-1:], kv_pad]),
+        torch.cat([vs[0][-1:], vs[1][-1:], kv_pad]),
+    )
     expected = torch.cat([naive_attention(qi[-1:], ki, vi, scale) for qi, ki, vi in zip(qs, ks, vs)])
     assert torch.isfinite(out[:2].float()).all()
     assert_close(out[:2].float(), expected, dtype=dtype)
     changed = (layer.k_cache != cache_before).flatten(2).any(-1).flatten().nonzero().flatten()
-    assert sorted(changed.tolist()) == sorted(dec_slots[:2].tolist())       # padding wrote nothing
+    assert sorted(changed.tolist()) == sorted(dec_slots[:2].tolist())  # padding wrote nothing
 
     # 3) prefix hit: a third request shares sequence 0's first (full) block and adds 5 tokens of its own
     n_new = 5
     g = torch.Generator().manual_seed(11)
     q3, k3, v3 = (torch.randn(n_new, h, HEAD_DIM, generator=g).to(DEVICE, dtype) for h in (heads, kv_heads, kv_heads))
-    table3 = torch.tensor([[5, 4]], dtype=torch.int32, device=DEVICE)      # block 5 shared, block 4 its own
+    table3 = torch.tensor([[5, 4]], dtype=torch.int32, device=DEVICE)  # block 5 shared, block 4 its own
     slots3 = (4 * block_size + torch.arange(n_new, device=DEVICE)).to(torch.int32)
     total = block_size + n_new
-    set_context(True, torch.tensor([0, n_new], dtype=torch.int32, device=DEVICE),
-                torch.tensor([0, total], dtype=torch.int32, device=DEVICE), n_new, total, slots3,
-                torch.tensor([total], dtype=torch.int32, device=DEVICE), table3)
+    set_context(
+        True,
+        cu_seqlens_q=torch.tensor([0, n_new], dtype=torch.int32, device=DEVICE),
+        cu_seqlens_k=torch.tensor([0, total], dtype=torch.int32, device=DEVICE),
+        max_seqlen_q=n_new,
+        max_seqlen_k=total,
+        slot_mapping=slots3,
+        context_lens=torch.tensor([total], dtype=torch.int32, device=DEVICE),
+        block_tables=table3,
+    )
     out = layer(q3, k3, v3)
-    k_full = torch.cat([ks[0][:block_size], k3])                            # (total, Hkv, D)
+    k_full = torch.cat([ks[0][:block_size], k3])  # (total, Hkv, D)
     v_full = torch.cat([vs[0][:block_size], v3])
     assert_close(out.float(), naive_attention(q3, k_full, v_full, scale), dtype=dtype)
     # ... and equals the fresh-prefill path run over the whole sequence (queries for the prefix made up)
     q_full = torch.cat([torch.randn(block_size, heads, HEAD_DIM, generator=g).to(DEVICE, dtype), q3])
-    recompute = attention_backend.prefill(backend, q_full, k_full, v_full,
-                                          torch.tensor([0, total], dtype=torch.int32, device=DEVICE), total, scale)
+    recompute = attention_backend.prefill(
+        backend, q_full, k_full, v_full, torch.tensor([0, total], dtype=torch.int32, device=DEVICE), total, scale
+    )
     assert_close(out.float(), recompute[block_size:].float(), dtype=dtype)
 
 
 # --- bad input: clear ValueErrors -------------------------------------------------------------------------
+
 
 def _paged_inputs(num_blocks=4, block_size=16):
     k_cache = torch.zeros(num_blocks, block_size, 2, 8)
@@ -333,7 +391,7 @@ def _paged_inputs(num_blocks=4, block_size=16):
 
 
 def test_bad_input_raises_clear_errors():
-    scale = 8 ** -0.5
+    scale = 8**-0.5
     q, k = torch.randn(10, 4, 8), torch.randn(10, 2, 8)
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"q/k/v token counts 10/9/9 != cu_seqlens\[-1\] = 10"):
@@ -350,9 +408,15 @@ def test_bad_input_raises_clear_errors():
     ok_ctx, ok_tables = torch.tensor([5, 20], dtype=torch.int32), torch.tensor([[0, -1], [1, 2]], dtype=torch.int32)
     assert attention_backend.decode("torch", qd, k_cache, v_cache, ok_ctx, ok_tables, scale).shape == (2, 4, 8)
     with pytest.raises(ValueError, match=r"block table points outside the cache: blocks 0\.\.7, cache has 4"):
-        attention_backend.decode("torch", qd, k_cache, v_cache, ok_ctx, torch.tensor([[0, -1], [1, 7]], dtype=torch.int32), scale)
-    with pytest.raises(ValueError, match=r"a context of 40 tokens is longer than the block table covers \(2 blocks x 16\)"):
-        attention_backend.decode("torch", qd, k_cache, v_cache, torch.tensor([5, 40], dtype=torch.int32), ok_tables, scale)
+        attention_backend.decode(
+            "torch", qd, k_cache, v_cache, ok_ctx, torch.tensor([[0, -1], [1, 7]], dtype=torch.int32), scale
+        )
+    with pytest.raises(
+        ValueError, match=r"a context of 40 tokens is longer than the block table covers \(2 blocks x 16\)"
+    ):
+        attention_backend.decode(
+            "torch", qd, k_cache, v_cache, torch.tensor([5, 40], dtype=torch.int32), ok_tables, scale
+        )
     with pytest.raises(ValueError, match="3 queries but 2 context lengths"):
         attention_backend.decode("torch", torch.randn(3, 4, 8), k_cache, v_cache, ok_ctx, ok_tables, scale)
     with pytest.raises(ValueError, match=r"block_tables \(1, 2\) must be \(num_seqs=2, max_blocks\)"):
@@ -364,19 +428,28 @@ def test_bad_input_raises_clear_errors():
 
     cu_q, cu_k = torch.tensor([0, 3, 6], dtype=torch.int32), torch.tensor([0, 5, 25], dtype=torch.int32)
     qp = torch.randn(6, 4, 8)
-    assert attention_backend.prefill_paged("torch", qp, k_cache, v_cache, cu_q, cu_k, 3, 20, ok_ctx, ok_tables,
-                                           scale).shape == (6, 4, 8)
-    with pytest.raises(ValueError, match="cu_seqlens_q"):                   # 7 query tokens, cu_q ends at 6
-        attention_backend.prefill_paged("torch", torch.randn(7, 4, 8), k_cache, v_cache, cu_q, cu_k, 3, 20, ok_ctx,
-                                        ok_tables, scale)
-    with pytest.raises(ValueError, match="cu_seqlens_q"):                   # 2 sequences in cu_q, 1 context length
-        attention_backend.prefill_paged("torch", qp, k_cache, v_cache, cu_q, cu_k, 3, 20, ok_ctx[:1], ok_tables[:1],
-                                        scale)
+    assert prefill_paged("torch", qp, k_cache, v_cache, cu_q, cu_k, 3, 20, ok_ctx, ok_tables, scale).shape == (6, 4, 8)
+    with pytest.raises(ValueError, match="cu_seqlens_q"):  # 7 query tokens, cu_q ends at 6
+        prefill_paged("torch", torch.randn(7, 4, 8), k_cache, v_cache, cu_q, cu_k, 3, 20, ok_ctx, ok_tables, scale)
+    with pytest.raises(ValueError, match="cu_seqlens_q"):  # 2 sequences in cu_q, 1 context length
+        prefill_paged("torch", qp, k_cache, v_cache, cu_q, cu_k, 3, 20, ok_ctx[:1], ok_tables[:1], scale)
     with pytest.raises(ValueError, match="sequence 0: 3 queries but only 2 keys in its context"):
-        attention_backend.prefill_paged("torch", qp, k_cache, v_cache, cu_q, cu_k, 3, 20,
-                                        torch.tensor([2, 20], dtype=torch.int32), ok_tables, scale)
+        prefill_paged(
+            "torch", qp, k_cache, v_cache, cu_q, cu_k, 3, 20, torch.tensor([2, 20], dtype=torch.int32), ok_tables, scale
+        )
     with pytest.raises(ValueError, match="block table points outside the cache"):
-        attention_backend.prefill_paged("torch", qp, k_cache, v_cache, cu_q, cu_k, 3, 20, ok_ctx,
-                                        torch.tensor([[-1, 0], [1, 2]], dtype=torch.int32), scale)
+        prefill_paged(
+            "torch",
+            qp,
+            k_cache,
+            v_cache,
+            cu_q,
+            cu_k,
+            3,
+            20,
+            ok_ctx,
+            torch.tensor([[-1, 0], [1, 2]], dtype=torch.int32),
+            scale,
+        )
     with pytest.raises(ValueError, match="unknown attention backend"):
-        attention_backend.set_backend("xformers")
+        attention_backend.select("cpu", torch.float32, "xformers")

@@ -2,18 +2,19 @@
 QK-norm, RoPE and the KV-cache write. On CPU it runs through the Triton interpreter and must match the
 separate ops the CPU path runs (RMSNorm, RotaryEmbedding, store_kvcache_torch); on a GPU the whole model
 must give the same logits with the kernel on and off."""
+
 import pytest
 import torch
-from conftest import assert_close
 
-from minivllm.layers import attention_prologue
+from conftest import assert_close
 from minivllm.layers.attention_prologue import attention_prologue as prologue
 from minivllm.layers.layernorm import RMSNorm
 from minivllm.layers.rotary_embedding import RotaryEmbedding
 from minivllm.layers.torch_attention import store_kvcache_torch
+from minivllm.utils import switches
 
 NUM_BLOCKS, BLOCK_SIZE = 4, 4
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"     # the compiled kernel on a GPU, the interpreter on CPU
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the compiled kernel on a GPU, the interpreter on CPU
 
 
 def separate_ops(qkv, positions, rope, q_norm, k_norm, heads, kv_heads, head_dim, k_cache, v_cache, slots):
@@ -29,8 +30,11 @@ def separate_ops(qkv, positions, rope, q_norm, k_norm, heads, kv_heads, head_dim
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("heads,kv_heads,head_dim,qk_norm", [(4, 2, 16, True), (3, 1, 12, False), (9, 3, 64, True)],
-                         ids=["qwen3-gqa", "no-norm-odd-heads", "smollm2-shape"])
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim,qk_norm",
+    [(4, 2, 16, True), (3, 1, 12, False), (9, 3, 64, True)],
+    ids=["qwen3-gqa", "no-norm-odd-heads", "smollm2-shape"],
+)
 def test_prologue_matches_separate_ops(dtype, heads, kv_heads, head_dim, qk_norm):
     g = torch.Generator().manual_seed(heads * head_dim)
     n = 7
@@ -43,12 +47,25 @@ def test_prologue_matches_separate_ops(dtype, heads, kv_heads, head_dim, qk_norm
         q_norm, k_norm = RMSNorm(head_dim).to(DEVICE), RMSNorm(head_dim).to(DEVICE)
         q_norm.weight.data = (torch.rand(head_dim, generator=g) + 0.5).to(DEVICE, dtype)
         k_norm.weight.data = (torch.rand(head_dim, generator=g) + 0.5).to(DEVICE, dtype)
-    slots = torch.tensor([3, -1, 0, 15, 7, 8, 1], dtype=torch.int32, device=DEVICE)   # -1: padding, not stored
+    slots = torch.tensor([3, -1, 0, 15, 7, 8, 1], dtype=torch.int32, device=DEVICE)  # -1: padding, not stored
     caches = [torch.zeros(NUM_BLOCKS, BLOCK_SIZE, kv_heads, head_dim, dtype=dtype, device=DEVICE) for _ in range(4)]
-    q, k, v = prologue(qkv, positions, rope.cos_sin_cache, heads, kv_heads, head_dim,
-                       q_norm.weight if qk_norm else None, k_norm.weight if qk_norm else None, 1e-6,
-                       caches[0], caches[1], slots)
-    rq, rk, rv = separate_ops(qkv, positions, rope, q_norm, k_norm, heads, kv_heads, head_dim, caches[2], caches[3], slots)
+    q, k, v = prologue(
+        qkv,
+        positions,
+        rope.cos_sin_cache,
+        heads,
+        kv_heads,
+        head_dim,
+        q_norm.weight if qk_norm else None,
+        k_norm.weight if qk_norm else None,
+        1e-6,
+        caches[0],
+        caches[1],
+        slots,
+    )
+    rq, rk, rv = separate_ops(
+        qkv, positions, rope, q_norm, k_norm, heads, kv_heads, head_dim, caches[2], caches[3], slots
+    )
     # fp32: the same arithmetic; bf16: the interpreter truncates fp32 -> bf16 where torch rounds (<= 1 ulp per cast)
     assert_close(q.float(), rq.float(), dtype=dtype)
     assert_close(k.float(), rk.float(), dtype=dtype)
@@ -57,7 +74,7 @@ def test_prologue_matches_separate_ops(dtype, heads, kv_heads, head_dim, qk_norm
     assert torch.equal(caches[1], caches[3])
     written = torch.zeros(NUM_BLOCKS * BLOCK_SIZE, dtype=torch.bool, device=DEVICE)
     written[slots[slots >= 0].long()] = True
-    assert (caches[1].view(NUM_BLOCKS * BLOCK_SIZE, -1)[~written] == 0).all()   # nothing else touched
+    assert (caches[1].view(NUM_BLOCKS * BLOCK_SIZE, -1)[~written] == 0).all()  # nothing else touched
     assert (caches[1].view(NUM_BLOCKS * BLOCK_SIZE, -1)[written] != 0).any(dim=-1).all()
 
 
@@ -73,29 +90,39 @@ def test_prologue_without_a_cache_stores_nothing():
     rq, rk, _ = separate_ops(qkv, pos, rope, *norms, heads, kv_heads, head_dim, empty, empty, None)
     assert_close(q, rq)
     assert_close(k, rk)
-    assert v.data_ptr() == qkv[:, (heads + kv_heads) * head_dim:].data_ptr()     # v is a view, not a copy
+    assert v.data_ptr() == qkv[:, (heads + kv_heads) * head_dim :].data_ptr()  # v is a view, not a copy
 
 
 def test_prologue_rejects_a_wrong_qkv_width():
     rope = RotaryEmbedding(8, 8, 16, 10000.0)
     with pytest.raises(AssertionError, match="qkv shape"):
-        prologue(torch.randn(3, 30), torch.arange(3), rope.cos_sin_cache, 2, 1, 8, None, None, 0.0,
-                 torch.tensor([]), torch.tensor([]), None)
+        prologue(
+            torch.randn(3, 30),
+            torch.arange(3),
+            rope.cos_sin_cache,
+            2,
+            1,
+            8,
+            None,
+            None,
+            0.0,
+            torch.tensor([]),
+            torch.tensor([]),
+            None,
+        )
 
 
 @pytest.mark.gpu
 def test_gpu_model_logits_with_and_without_the_fused_prologue(tiny_qwen3):
     """The same engine step on CUDA (fp32, torch attention) with the fused kernel and with the separate ops."""
     from minivllm import LLM, SamplingParams
+
     prompts = [[(7 * i + n) % 500 for i in range(n)] for n in (5, 40, 1, 90)]
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     runs = []
     for fused in (True, False):
-        attention_prologue.set_enabled(fused)
-        try:
+        with switches.override(fused_prologue=fused):
             llm = LLM(tiny_qwen3, device="cuda", dtype="float32", enforce_eager=True, max_model_len=256)
             runs.append([o.token_ids for o in llm.generate(prompts, sp, use_tqdm=False)])
             llm.exit()
-        finally:
-            attention_prologue.set_enabled(True)
     assert runs[0] == runs[1]

@@ -4,7 +4,6 @@ alphabet (so prefixes repeat) and checks after every step that no block leaks or
 reference counts equal the number of sequences holding each block, and that a prefix hit only ever returns
 blocks whose K/V were computed from exactly the sequence's tokens (a shadow record of what was written to
 every slot). Then the prefix cache's rules, one example each."""
-from contextlib import contextmanager
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -13,16 +12,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from minivllm.engine.block_manager import BlockManager
 from minivllm.engine.sequence import Sequence
-
-
-@contextmanager
-def block_size(n: int):
-    """Sequence.block_size is a class attribute (the engine sets it); set it for one test, then restore."""
-    old, Sequence.block_size = Sequence.block_size, n
-    try:
-        yield
-    finally:
-        Sequence.block_size = old
 
 
 def check_accounting(bm: BlockManager, holders: list[Sequence]) -> None:
@@ -36,7 +25,9 @@ def check_accounting(bm: BlockManager, holders: list[Sequence]) -> None:
         for b in seq.block_table:
             held[b] += 1
     for block in bm.blocks:
-        assert block.ref_count == held[block.block_id], f"block {block.block_id}: ref {block.ref_count}, held {held[block.block_id]}"
+        assert block.ref_count == held[block.block_id], (
+            f"block {block.block_id}: ref {block.ref_count}, held {held[block.block_id]}"
+        )
         assert (block.block_id in bm.used_block_ids) == (block.ref_count > 0)
     for h, b in bm.hash_to_block_id.items():
         assert bm.blocks[b].hash == h and len(bm.blocks[b].token_ids) == bm.block_size
@@ -52,34 +43,33 @@ class Shadow:
         for p in range(start, end):
             b = seq.block_table[p // self.bs]
             assert bm.blocks[b].ref_count == 1, f"writing into block {b} shared by {bm.blocks[b].ref_count} sequences"
-            self.slots[b, p % self.bs] = tuple(seq.token_ids[:p + 1])
+            self.slots[b, p % self.bs] = tuple(seq.token_ids[: p + 1])
 
     def check_hit(self, seq: Sequence) -> None:
         assert seq.num_cached_tokens % self.bs == 0 and seq.num_cached_tokens < seq.num_tokens
         for p in range(seq.num_cached_tokens):
             b = seq.block_table[p // self.bs]
-            assert self.slots.get((b, p % self.bs)) == tuple(seq.token_ids[:p + 1]), f"prefix hit on block {b} with other contents"
+            assert self.slots.get((b, p % self.bs)) == tuple(seq.token_ids[: p + 1]), (
+                f"prefix hit on block {b} with other contents"
+            )
 
 
 prefixes = st.lists(st.integers(1, 3), max_size=12)
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
-
-    @initialize(bs=st.sampled_from([1, 2, 4]), num_blocks=st.integers(1, 12), caching=st.booleans(),
-                pool=st.lists(prefixes, min_size=1, max_size=3))
+    @initialize(
+        bs=st.sampled_from([1, 2, 4]),
+        num_blocks=st.integers(1, 12),
+        caching=st.booleans(),
+        pool=st.lists(prefixes, min_size=1, max_size=3),
+    )
     def setup(self, bs, num_blocks, caching, pool):
         self.bs, self.pool = bs, pool
         self.bm = BlockManager(num_blocks, bs, caching)
         self.shadow = Shadow(bs)
         self.seqs: list[Sequence] = []
         self.hits = 0
-        self.restore = block_size(bs)
-        self.restore.__enter__()
-
-    def teardown(self):
-        if hasattr(self, "restore"):
-            self.restore.__exit__(None, None, None)
 
     @rule(which=st.integers(0, 2), suffix=st.lists(st.integers(1, 3), min_size=1, max_size=10))
     def admit(self, which, suffix):
@@ -95,7 +85,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if self.bm.can_grow(seq, seq.num_computed_tokens + 1):
             self.bm.grow(seq, seq.num_computed_tokens + 1)
             self.seqs.append(seq)
-        else:                                           # no room: give the hit blocks back
+        else:  # no room: give the hit blocks back
             self.bm.deallocate(seq)
             assert not seq.block_table
 
@@ -137,11 +127,13 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
-TestBlockManagerMachine.settings = settings(max_examples=120, stateful_step_count=30, deadline=None,
-                                            suppress_health_check=[HealthCheck.too_slow])
+TestBlockManagerMachine.settings = settings(
+    max_examples=120, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 # --- the prefix cache's rules, one example each -------------------------------------------------------------
+
 
 def computed(bm: BlockManager, tokens: list[int]) -> Sequence:
     """A sequence admitted, fully computed and registered."""
@@ -154,76 +146,69 @@ def computed(bm: BlockManager, tokens: list[int]) -> Sequence:
 
 
 def test_prefix_hit_shares_blocks_and_counts_references():
-    with block_size(4):
-        bm = BlockManager(8, 4)
-        a = computed(bm, list(range(1, 11)))                   # 10 tokens: 2 full blocks + 2 tokens
-        b = Sequence(list(range(1, 9)) + [42, 43])             # same first 8 tokens
-        assert bm.allocate_prefix(b) == 8 and b.block_table == a.block_table[:2]
-        assert [bm.blocks[i].ref_count for i in a.block_table] == [2, 2, 1]
-        bm.grow(b, b.num_tokens)
-        assert b.block_table[2] not in a.block_table and bm.num_free_blocks == 4
-        check_accounting(bm, [a, b])
+    bm = BlockManager(8, 4)
+    a = computed(bm, list(range(1, 11)))  # 10 tokens: 2 full blocks + 2 tokens
+    b = Sequence(list(range(1, 9)) + [42, 43])  # same first 8 tokens
+    assert bm.allocate_prefix(b) == 8 and b.block_table == a.block_table[:2]
+    assert [bm.blocks[i].ref_count for i in a.block_table] == [2, 2, 1]
+    bm.grow(b, b.num_tokens)
+    assert b.block_table[2] not in a.block_table and bm.num_free_blocks == 4
+    check_accounting(bm, [a, b])
 
 
 def test_the_last_token_is_never_matched():
-    with block_size(4):
-        bm = BlockManager(8, 4)
-        a = computed(bm, list(range(1, 9)))                    # exactly 2 full blocks, both registered
-        assert a.num_hashed_blocks == 2
-        b = Sequence(list(range(1, 9)))
-        assert bm.allocate_prefix(b) == 4                      # block 1 holds b's last token: recomputed
-        assert bm.num_prefix_hits == 1
+    bm = BlockManager(8, 4)
+    a = computed(bm, list(range(1, 9)))  # exactly 2 full blocks, both registered
+    assert a.num_hashed_blocks == 2
+    b = Sequence(list(range(1, 9)))
+    assert bm.allocate_prefix(b) == 4  # block 1 holds b's last token: recomputed
+    assert bm.num_prefix_hits == 1
 
 
 def test_blocks_are_registered_only_after_their_kv_is_computed():
-    with block_size(4):
-        bm = BlockManager(8, 4)
-        a = Sequence(list(range(1, 11)))
-        bm.allocate_prefix(a)
-        bm.grow(a, 10)                                          # allocated, nothing computed yet
-        a.num_computed_tokens = 5
-        bm.register_computed(a)                                 # only block 0 is complete
-        assert a.num_hashed_blocks == 1
-        assert bm.allocate_prefix(Sequence(list(range(1, 11)))) == 4
+    bm = BlockManager(8, 4)
+    a = Sequence(list(range(1, 11)))
+    bm.allocate_prefix(a)
+    bm.grow(a, 10)  # allocated, nothing computed yet
+    a.num_computed_tokens = 5
+    bm.register_computed(a)  # only block 0 is complete
+    assert a.num_hashed_blocks == 1
+    assert bm.allocate_prefix(Sequence(list(range(1, 11)))) == 4
 
 
 def test_freed_blocks_keep_their_hash_until_reallocated():
-    with block_size(4):
-        bm = BlockManager(4, 4)
-        a = computed(bm, list(range(1, 10)))                    # 3 blocks
-        bm.deallocate(a)
-        assert bm.num_free_blocks == 4
-        b = Sequence(list(range(1, 10)))
-        assert bm.allocate_prefix(b) == 8                      # freed, still cached: a hit
-        assert all(bm.blocks[i].ref_count == 1 for i in b.block_table)
-        bm.deallocate(b)
-        c = computed(bm, [7] * 16)                              # takes all 4 blocks: old contents gone
-        bm.deallocate(c)
-        assert bm.allocate_prefix(Sequence(list(range(1, 10)))) == 0
-        assert bm.allocate_prefix(Sequence([7] * 16 + [1])) == 16
+    bm = BlockManager(4, 4)
+    a = computed(bm, list(range(1, 10)))  # 3 blocks
+    bm.deallocate(a)
+    assert bm.num_free_blocks == 4
+    b = Sequence(list(range(1, 10)))
+    assert bm.allocate_prefix(b) == 8  # freed, still cached: a hit
+    assert all(bm.blocks[i].ref_count == 1 for i in b.block_table)
+    bm.deallocate(b)
+    c = computed(bm, [7] * 16)  # takes all 4 blocks: old contents gone
+    bm.deallocate(c)
+    assert bm.allocate_prefix(Sequence(list(range(1, 10)))) == 0
+    assert bm.allocate_prefix(Sequence([7] * 16 + [1])) == 16
 
 
 def test_a_hash_collision_is_caught_by_the_token_check(monkeypatch):
     monkeypatch.setattr(BlockManager, "compute_hash", staticmethod(lambda token_ids, prefix=-1: 12345))
-    with block_size(4):
-        bm = BlockManager(8, 4)
-        computed(bm, [1, 2, 3, 4, 5])
-        assert bm.allocate_prefix(Sequence([9, 9, 9, 9, 5])) == 0    # same hash, other tokens: no hit
-        assert bm.allocate_prefix(Sequence([1, 2, 3, 4, 6])) == 4
+    bm = BlockManager(8, 4)
+    computed(bm, [1, 2, 3, 4, 5])
+    assert bm.allocate_prefix(Sequence([9, 9, 9, 9, 5])) == 0  # same hash, other tokens: no hit
+    assert bm.allocate_prefix(Sequence([1, 2, 3, 4, 6])) == 4
 
 
 def test_caching_off_never_hits():
-    with block_size(2):
-        bm = BlockManager(8, 2, enable_prefix_caching=False)
-        computed(bm, [1, 2, 3, 4, 5])
-        assert bm.allocate_prefix(Sequence([1, 2, 3, 4, 5])) == 0 and bm.num_prefix_hits == 0
-        assert bm.hash_to_block_id == {}
+    bm = BlockManager(8, 2, enable_prefix_caching=False)
+    computed(bm, [1, 2, 3, 4, 5])
+    assert bm.allocate_prefix(Sequence([1, 2, 3, 4, 5])) == 0 and bm.num_prefix_hits == 0
+    assert bm.hash_to_block_id == {}
 
 
 @pytest.mark.parametrize("n, needed", [(0, 0), (1, 1), (4, 1), (5, 2), (9, 3)])
 def test_num_blocks_needed(n, needed):
-    with block_size(4):
-        bm = BlockManager(2, 4)
-        seq = Sequence([1] * 9)
-        assert bm.num_blocks_needed(seq, n) == needed
-        assert bm.can_grow(seq, n) == (needed <= 2)
+    bm = BlockManager(2, 4)
+    seq = Sequence([1] * 9)
+    assert bm.num_blocks_needed(seq, n) == needed
+    assert bm.can_grow(seq, n) == (needed <= 2)

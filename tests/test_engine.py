@@ -3,6 +3,7 @@ greedy output on a tiny Qwen3, also when the engine is forced to preempt, to chu
 prefix cache, and at TP=2; running sequences keep decoding while a long prompt is chunk-prefilled; stop
 conditions; bad requests are refused with clear errors and leave the engine serving; TP workers never
 outlive their engine or their driver process."""
+
 import multiprocessing
 import os
 import shutil
@@ -20,8 +21,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minivllm import LLM, SamplingParams
 
-N = 10                                                   # tokens generated per prompt
-BS = 16                                                  # KV block size used throughout
+N = 10  # tokens generated per prompt
+BS = 16  # KV block size used throughout
 ARGS = dict(kvcache_block_size=BS, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=256)
 _gen = torch.Generator().manual_seed(0)
 ID_PROMPTS = [torch.randint(1, 512, (n,), generator=_gen).tolist() for n in (1, 7, 23, 40, 52)]
@@ -31,6 +32,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
 
 
 # --- the transformers reference ---------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def hf(tiny_qwen3):
@@ -44,10 +46,17 @@ def hf(tiny_qwen3):
         key = (tuple(ids), n)
         if key not in cache:
             with torch.no_grad():
-                out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                     do_sample=False, min_new_tokens=n, max_new_tokens=n, pad_token_id=0)
-            cache[key] = out[0, len(ids):].tolist()
+                out = model.generate(
+                    torch.tensor([ids]),
+                    attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                    do_sample=False,
+                    min_new_tokens=n,
+                    max_new_tokens=n,
+                    pad_token_id=0,
+                )
+            cache[key] = out[0, len(ids) :].tolist()
         return cache[key]
+
     greedy.tokenizer = tokenizer
     return greedy
 
@@ -64,11 +73,13 @@ def record_schedule(llm: LLM) -> list[list[tuple[int, int, int, int]]]:
         seqs = schedule()
         steps.append([(s.seq_id, s.num_computed_tokens, s.num_scheduled_tokens, s.num_tokens) for s in seqs])
         return seqs
+
     llm.scheduler.schedule = wrapped
     return steps
 
 
 # --- equal to transformers, also under pressure -------------------------------------------------------------
+
 
 def test_greedy_matches_transformers(tiny_qwen3, hf):
     llm = engine(tiny_qwen3)
@@ -78,8 +89,8 @@ def test_greedy_matches_transformers(tiny_qwen3, hf):
     assert [o.prompt for o in outs] == [None] * len(ID_PROMPTS) + TEXT_PROMPTS
     assert {o.finish_reason for o in outs} == {"length"}
     assert outs[-1].text == hf.tokenizer.decode(outs[-1].token_ids) and outs[-1].outputs[0].text == outs[-1].text
-    assert len({tuple(o.token_ids) for o in outs}) == len(outs)          # not a degenerate model
-    single = llm.generate(TEXT_PROMPTS[0], GREEDY, use_tqdm=False)      # one prompt, not in a list
+    assert len({tuple(o.token_ids) for o in outs}) == len(outs)  # not a degenerate model
+    single = llm.generate(TEXT_PROMPTS[0], GREEDY, use_tqdm=False)  # one prompt, not in a list
     assert single[0].token_ids == hf(TEXT_PROMPTS[0])
     llm.exit()
 
@@ -90,7 +101,7 @@ def test_preemption_keeps_outputs(tiny_qwen3, hf):
     outs = llm.generate(SHORT_PROMPTS, GREEDY, use_tqdm=False)
     assert llm.scheduler.num_preemptions > 0
     assert [o.token_ids for o in outs] == [hf(p) for p in SHORT_PROMPTS]
-    assert llm.scheduler.block_manager.num_free_blocks == 6                  # every block came back
+    assert llm.scheduler.block_manager.num_free_blocks == 6  # every block came back
 
 
 def test_chunked_prefill_keeps_outputs(tiny_qwen3, hf):
@@ -100,9 +111,9 @@ def test_chunked_prefill_keeps_outputs(tiny_qwen3, hf):
     assert [o.token_ids for o in outs] == [hf(p) for p in ID_PROMPTS]
     assert all(sum(n for _, _, n, _ in step) <= 16 for step in steps)
     assert all(len(step) <= 4 for step in steps)
-    longest = outs[-1].request_id                                              # 52 prompt tokens
+    longest = outs[-1].request_id  # 52 prompt tokens
     prefill_steps = [n for step in steps for sid, done, n, _ in step if sid == longest and done < 52]
-    assert len(prefill_steps) >= 4 and sum(prefill_steps) == 52             # 52 tokens in chunks of <= 16
+    assert len(prefill_steps) >= 4 and sum(prefill_steps) == 52  # 52 tokens in chunks of <= 16
 
 
 def test_prefix_cache_hits_keep_outputs(tiny_qwen3, hf):
@@ -113,9 +124,9 @@ def test_prefix_cache_hits_keep_outputs(tiny_qwen3, hf):
     bm = llm.scheduler.block_manager
     first = llm.generate(prompts[:1], GREEDY, use_tqdm=False)
     assert bm.num_prefix_hits == 0
-    rest = llm.generate(prompts[1:], GREEDY, use_tqdm=False)                 # admitted together: each hits 3
+    rest = llm.generate(prompts[1:], GREEDY, use_tqdm=False)  # admitted together: each hits 3
     assert bm.num_prefix_hits == 3 * 4
-    exact = llm.generate([prefix], GREEDY, use_tqdm=False)                   # its last token is never matched
+    exact = llm.generate([prefix], GREEDY, use_tqdm=False)  # its last token is never matched
     assert bm.num_prefix_hits == 3 * 4 + 2
     assert [o.token_ids for o in first + rest + exact] == [hf(p) for p in prompts + [prefix]]
     off = engine(tiny_qwen3, enable_prefix_caching=False)
@@ -125,9 +136,10 @@ def test_prefix_cache_hits_keep_outputs(tiny_qwen3, hf):
 
 # --- continuous batching: decodes are not starved by a long prompt ---------------------------------------
 
+
 def test_running_sequences_decode_while_a_long_prompt_is_chunked(tiny_qwen3, hf):
     llm = engine(tiny_qwen3, max_num_batched_tokens=16)
-    short_prompt, long_prompt = ID_PROMPTS[1], ID_PROMPTS[4] * 2             # 7 and 104 tokens
+    short_prompt, long_prompt = ID_PROMPTS[1], ID_PROMPTS[4] * 2  # 7 and 104 tokens
     sp_short = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     short_id = llm.add_request(short_prompt, sp_short)
     short = next(s for s in llm.scheduler.waiting if s.seq_id == short_id)
@@ -143,14 +155,17 @@ def test_running_sequences_decode_while_a_long_prompt_is_chunked(tiny_qwen3, hf)
         chunks += 1
         assert short.num_completion_tokens == before + 1, "the running sequence skipped a step"
         assert long.num_computed_tokens <= long.num_prompt_tokens
-    assert chunks >= 7                                                       # 104 tokens, <= 15 per step
+    assert chunks >= 7  # 104 tokens, <= 15 per step
     while not llm.is_finished():
         finished += llm.step()[0]
-    assert {s.seq_id: s.completion_token_ids for s in finished} == {short.seq_id: hf(short_prompt, 20),
-                                                                    long.seq_id: hf(long_prompt, 3)}
+    assert {s.seq_id: s.completion_token_ids for s in finished} == {
+        short.seq_id: hf(short_prompt, 20),
+        long.seq_id: hf(long_prompt, 3),
+    }
 
 
 # --- stop conditions, ordering, per-prompt parameters, seeds -----------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def eos_model(tiny_qwen3, hf, tmp_path_factory) -> tuple[str, list[int]]:
@@ -172,14 +187,16 @@ def test_eos_stops_unless_ignored_and_special_tokens_are_stripped(eos_model):
     tokenizer = AutoTokenizer.from_pretrained(path)
     eos = tokenizer.eos_token_id
     ref = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=N, pad_token_id=eos)
-    ref = ref[0, len(prompt):].tolist()                     # transformers stops at EOS too
+    ref = ref[0, len(prompt) :].tolist()  # transformers stops at EOS too
     assert ref[-1] == eos and len(ref) < N
     llm = engine(path)
-    stop, go_on = llm.generate([prompt, prompt], [SamplingParams(temperature=0, max_tokens=N),
-                                                  SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)],
-                               use_tqdm=False)
+    stop, go_on = llm.generate(
+        [prompt, prompt],
+        [SamplingParams(temperature=0, max_tokens=N), SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)],
+        use_tqdm=False,
+    )
     assert stop.token_ids == ref and stop.finish_reason == "stop"
-    assert go_on.token_ids[:len(ref)] == ref and len(go_on.token_ids) == N and go_on.finish_reason == "length"
+    assert go_on.token_ids[: len(ref)] == ref and len(go_on.token_ids) == N and go_on.finish_reason == "length"
     for out in (stop, go_on):
         assert "<|endoftext|>" in tokenizer.decode(out.token_ids)
         assert "<|endoftext|>" not in out.text
@@ -190,14 +207,16 @@ def test_stop_tokens_max_tokens_order_and_per_prompt_params(tiny_qwen3, hf):
     llm = engine(tiny_qwen3)
     ref = hf(ID_PROMPTS[3])
     stop_at = ref.index(ref[4])
-    params = [SamplingParams(temperature=0, max_tokens=N, ignore_eos=True),           # finishes last
-              SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
-              SamplingParams(temperature=0, max_tokens=N, ignore_eos=True, stop_token_ids=[ref[4]]),
-              SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=N, ignore_eos=True),  # finishes last
+        SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=N, ignore_eos=True, stop_token_ids=[ref[4]]),
+        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+    ]
     prompts = [ID_PROMPTS[0], ID_PROMPTS[1], ID_PROMPTS[3], ID_PROMPTS[4]]
     outs = llm.generate(prompts, params, use_tqdm=False)
-    assert [o.prompt_token_ids for o in outs] == prompts                               # input order
-    assert [o.token_ids for o in outs] == [hf(prompts[0]), hf(prompts[1])[:1], ref[:stop_at + 1], hf(prompts[3])[:4]]
+    assert [o.prompt_token_ids for o in outs] == prompts  # input order
+    assert [o.token_ids for o in outs] == [hf(prompts[0]), hf(prompts[1])[:1], ref[: stop_at + 1], hf(prompts[3])[:4]]
     assert [o.finish_reason for o in outs] == ["length", "length", "stop", "length"]
     with pytest.raises(ValueError, match="2 sampling params for 4 prompts"):
         llm.generate(prompts, params[:2], use_tqdm=False)
@@ -210,6 +229,7 @@ def test_seeded_sampling_is_reproducible(tiny_qwen3):
     def sample(seed: int) -> list[list[int]]:
         llm = engine(tiny_qwen3, seed=seed)
         return [o.token_ids for o in llm.generate(ID_PROMPTS[:3], sp, use_tqdm=False)]
+
     a, b, c = sample(1), sample(1), sample(2)
     assert a == b
     assert a != c
@@ -217,21 +237,25 @@ def test_seeded_sampling_is_reproducible(tiny_qwen3):
 
 # --- bad input: a clear error, and the engine keeps serving ------------------------------------------------
 
-@pytest.mark.parametrize("prompt, sp, message", [
-    ([], GREEDY, "empty prompt"),
-    ("", GREEDY, "empty prompt"),
-    (list(range(1, 101)), SamplingParams(max_tokens=40), "exceeds max_model_len 128"),
-    (list(range(1, 61)), SamplingParams(max_tokens=10), "needs 5 KV blocks; the cache has only 4"),
-    ([5, 512], GREEDY, r"token ids \[512\] are outside the vocabulary \[0, 512\)"),
-    ([-1, 5], GREEDY, r"token ids \[-1\] are outside the vocabulary"),
-    ([5], "greedy", "sampling params must be a SamplingParams"),
-])
+
+@pytest.mark.parametrize(
+    "prompt, sp, message",
+    [
+        ([], GREEDY, "empty prompt"),
+        ("", GREEDY, "empty prompt"),
+        (list(range(1, 101)), SamplingParams(max_tokens=40), "exceeds max_model_len 128"),
+        (list(range(1, 61)), SamplingParams(max_tokens=10), "needs 5 KV blocks; the cache has only 4"),
+        ([5, 512], GREEDY, r"token ids \[512\] are outside the vocabulary \[0, 512\)"),
+        ([-1, 5], GREEDY, r"token ids \[-1\] are outside the vocabulary"),
+        ([5], "greedy", "sampling params must be a SamplingParams"),
+    ],
+)
 def test_bad_request_is_refused_and_the_engine_keeps_serving(tiny_qwen3, hf, prompt, sp, message):
     llm = engine(tiny_qwen3, num_kvcache_blocks=4)
     good = ID_PROMPTS[2]
     with pytest.raises((ValueError, TypeError), match=message):
         llm.generate([good, prompt], [GREEDY, sp], use_tqdm=False)
-    assert llm.is_finished()                                                 # nothing of the batch was queued
+    assert llm.is_finished()  # nothing of the batch was queued
     # add_request: the refused one never enters the queue, the queued ones complete
     first = llm.add_request(good, GREEDY)
     with pytest.raises((ValueError, TypeError), match=message):
@@ -241,13 +265,18 @@ def test_bad_request_is_refused_and_the_engine_keeps_serving(tiny_qwen3, hf, pro
     while not llm.is_finished():
         done.update({s.seq_id: s.completion_token_ids for s in llm.step()[0]})
     assert done == {first: hf(good), second: hf(ID_PROMPTS[1])}
-    assert llm.generate([good], GREEDY, use_tqdm=False)[0].token_ids == hf(good)   # and the next call works
+    assert llm.generate([good], GREEDY, use_tqdm=False)[0].token_ids == hf(good)  # and the next call works
 
 
-@pytest.mark.parametrize("kwargs, message", [(dict(max_tokens=0), "max_tokens must be an integer >= 1"),
-                                             (dict(temperature=-0.5), "temperature must be >= 0"),
-                                             (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
-                                             (dict(top_k=-1), "top_k must be an integer >= 0")])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(max_tokens=0), "max_tokens must be an integer >= 1"),
+        (dict(temperature=-0.5), "temperature must be >= 0"),
+        (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+        (dict(top_k=-1), "top_k must be an integer >= 0"),
+    ],
+)
 def test_bad_sampling_params(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
@@ -264,6 +293,7 @@ def test_unknown_engine_arguments_are_named(tiny_qwen3):
 
 # --- tensor-parallel workers --------------------------------------------------------------------------------
 
+
 def alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -274,8 +304,8 @@ def alive(pid: int) -> bool:
 @pytest.mark.slow
 def test_two_tp2_engines_coexist_and_exit_cleanly(tiny_qwen3, hf):
     a = engine(tiny_qwen3, tensor_parallel_size=2)
-    b = engine(tiny_qwen3, tensor_parallel_size=2, num_kvcache_blocks=6)     # b preempts as well
-    workers = [p.pid for p in a.processes + b.processes]
+    b = engine(tiny_qwen3, tensor_parallel_size=2, num_kvcache_blocks=6)  # b preempts as well
+    workers = [p.pid for p in a.workers.processes + b.workers.processes]
     assert len(set(workers)) == 2 and all(alive(pid) for pid in workers)
     assert [o.token_ids for o in a.generate(ID_PROMPTS, GREEDY, use_tqdm=False)] == [hf(p) for p in ID_PROMPTS]
     assert [o.token_ids for o in b.generate(SHORT_PROMPTS, GREEDY, use_tqdm=False)] == [hf(p) for p in SHORT_PROMPTS]
@@ -285,7 +315,7 @@ def test_two_tp2_engines_coexist_and_exit_cleanly(tiny_qwen3, hf):
     b.exit()
     assert not any(alive(pid) for pid in workers)
     assert not {p.pid for p in multiprocessing.active_children()} & set(workers)
-    single = engine(tiny_qwen3)                                              # TP=1 after TP engines in this process
+    single = engine(tiny_qwen3)  # TP=1 after TP engines in this process
     assert single.generate(ID_PROMPTS[:1], GREEDY, use_tqdm=False)[0].token_ids == hf(ID_PROMPTS[0])
 
 
@@ -295,7 +325,7 @@ DRIVER = textwrap.dedent("""
     llm = LLM(sys.argv[1], tensor_parallel_size=2, num_kvcache_blocks=8, kvcache_block_size=16, max_model_len=64,
               max_num_batched_tokens=64, max_num_seqs=2)
     llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
-    print(*[p.pid for p in llm.processes], flush=True)
+    print(*[p.pid for p in llm.workers.processes], flush=True)
     time.sleep(600)
 """)
 
@@ -317,6 +347,7 @@ def test_workers_exit_when_the_driver_is_killed(tiny_qwen3):
 
 # --- on a GPU: the decode graph holds the whole step (feeding, model, LM head, sampler) ---------------------
 
+
 @pytest.mark.gpu
 def test_gpu_graph_steps_equal_eager_steps_greedy_and_sampled(tiny_qwen3, hf):
     """fp32 on CUDA: with CUDA graphs the sampler runs inside the graph from a device-side seed; with the same
@@ -334,7 +365,7 @@ def test_gpu_graph_steps_equal_eager_steps_greedy_and_sampled(tiny_qwen3, hf):
         llm.exit()
     assert runs[True][1] == runs[False][1] == [hf(p) for p in ID_PROMPTS]
     assert runs[True][0] == runs[False][0]
-    assert runs[False][0] != runs[False][1]                                         # it really sampled
+    assert runs[False][0] != runs[False][1]  # it really sampled
     topk_runs = []
     for _ in range(2):
         llm = engine(tiny_qwen3, seed=5, **kw)

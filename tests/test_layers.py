@@ -1,24 +1,30 @@
-"""The operators of one Qwen3 layer (seed 000 sections 2-5) against transformers' own modules:
+"""The operators of one Qwen3 layer (notebooks 01-04) against transformers' own modules:
 RMSNorm (plain and fused residual add) vs Qwen3RMSNorm, RoPE vs Qwen3RotaryEmbedding + apply_rotary_pos_emb,
 SiluAndMul + merged gate_up + down vs Qwen3MLP, and the weight loaders of the parallel Linear family (TP=1;
 the sharded cases are in test_tp.py)."""
+
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 from transformers import Qwen3Config
-from transformers.models.qwen3.modeling_qwen3 import (Qwen3MLP as HFQwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding,
-                                                      apply_rotary_pos_emb)
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP as HFQwen3MLP
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding, apply_rotary_pos_emb
 
 from conftest import assert_close
 from minivllm.layers.activation import SiluAndMul
 from minivllm.layers.layernorm import RMSNorm
-from minivllm.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
-                                    ReplicatedLinear, RowParallelLinear)
+from minivllm.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
 from minivllm.layers.rotary_embedding import RotaryEmbedding, get_rope, rope_theta_of
 from minivllm.models.qwen3 import Qwen3MLP
-from minivllm.utils.compile import set_compile
+from minivllm.utils import switches
 
 
 @pytest.fixture(autouse=True)
@@ -27,6 +33,7 @@ def _seed():
 
 
 # --- RMSNorm -----------------------------------------------------------------------------------------
+
 
 def _norms(hidden: int, dtype: torch.dtype) -> tuple[RMSNorm, Qwen3RMSNorm]:
     ours, ref = RMSNorm(hidden, eps=1e-6), Qwen3RMSNorm(hidden, eps=1e-6)
@@ -39,7 +46,7 @@ def _norms(hidden: int, dtype: torch.dtype) -> tuple[RMSNorm, Qwen3RMSNorm]:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rmsnorm_matches_qwen3_rmsnorm(dtype):
     ours, ref = _norms(64, dtype)
-    x = (3 * torch.randn(2, 5, 64) + 1).to(dtype)                      # not zero-mean: not a LayerNorm
+    x = (3 * torch.randn(2, 5, 64) + 1).to(dtype)  # not zero-mean: not a LayerNorm
     assert_close(ours(x), ref(x))
     assert ours(x).dtype == dtype
 
@@ -49,8 +56,8 @@ def test_fused_residual_rmsnorm(dtype):
     ours, ref = _norms(64, dtype)
     x, residual = torch.randn(7, 64).to(dtype), torch.randn(7, 64).to(dtype)
     y, new_residual = ours(x, residual)
-    total = x.float() + residual.float()                                # the add happens in fp32
-    assert torch.equal(new_residual, total.to(dtype))                   # residual returned = x + residual
+    total = x.float() + residual.float()  # the add happens in fp32
+    assert torch.equal(new_residual, total.to(dtype))  # residual returned = x + residual
     assert_close(y, ref(total.to(dtype)), dtype=dtype)
     if dtype == torch.float32:
         assert torch.equal(new_residual, x + residual)
@@ -59,7 +66,7 @@ def test_fused_residual_rmsnorm(dtype):
 def test_rmsnorm_variance_in_fp32():
     """Large values whose squares overflow fp16: the fp32 variance keeps them exact."""
     norm = RMSNorm(8).to(torch.float16)
-    x = torch.full((1, 8), 1000.0, dtype=torch.float16)                # 1000^2 = 1e6 > fp16 max 65504
+    x = torch.full((1, 8), 1000.0, dtype=torch.float16)  # 1000^2 = 1e6 > fp16 max 65504
     assert torch.isinf(x.pow(2)).all()
     assert torch.equal(norm(x), torch.ones(1, 8, dtype=torch.float16))
 
@@ -78,19 +85,20 @@ def test_rmsnorm_compiled_matches_eager():
     norm, _ = _norms(16, torch.float32)
     x = torch.randn(4, 16)
     eager = norm(x)
-    set_compile(True)
-    try:
+    with switches.override(compile=True):
         compiled = norm(x)
-    finally:
-        set_compile(None)
     assert_close(compiled, eager)
 
 
 # --- RoPE --------------------------------------------------------------------------------------------
 
+
 def _hf_rope(head_dim: int, theta: float, max_pos: int) -> Qwen3RotaryEmbedding:
-    config = Qwen3Config(head_dim=head_dim, max_position_embeddings=max_pos,
-                         rope_parameters={"rope_type": "default", "rope_theta": theta})
+    config = Qwen3Config(
+        head_dim=head_dim,
+        max_position_embeddings=max_pos,
+        rope_parameters={"rope_type": "default", "rope_theta": theta},
+    )
     return Qwen3RotaryEmbedding(config)
 
 
@@ -98,15 +106,15 @@ def _hf_rope(head_dim: int, theta: float, max_pos: int) -> Qwen3RotaryEmbedding:
 def test_rope_matches_transformers(heads, kv_heads):
     head_dim, theta, max_pos = 64, 1e6, 4096
     ours = RotaryEmbedding(head_dim, head_dim, max_pos, theta)
-    positions = torch.tensor([0, 1, 2, 17, 5, 4095, 1000, 3])           # arbitrary, unordered, packed
-    q = torch.randn(len(positions), heads, head_dim)                    # (N, heads, D)
-    k = torch.randn(len(positions), kv_heads, head_dim)                 # (N, kv_heads, D)
-    cos, sin = _hf_rope(head_dim, theta, max_pos)(q, positions[None])   # 2 x (1, N, D)
+    positions = torch.tensor([0, 1, 2, 17, 5, 4095, 1000, 3])  # arbitrary, unordered, packed
+    q = torch.randn(len(positions), heads, head_dim)  # (N, heads, D)
+    k = torch.randn(len(positions), kv_heads, head_dim)  # (N, kv_heads, D)
+    cos, sin = _hf_rope(head_dim, theta, max_pos)(q, positions[None])  # 2 x (1, N, D)
     q_ref, k_ref = apply_rotary_pos_emb(q, k, cos[0], sin[0], unsqueeze_dim=1)
     q_out, k_out = ours(positions, q, k)
     assert_close(q_out, q_ref, atol=1e-5, rtol=1e-4)
     assert_close(k_out, k_ref, atol=1e-5, rtol=1e-4)
-    assert_close(q_out.norm(dim=-1), q.norm(dim=-1), atol=1e-4, rtol=1e-4)   # a rotation keeps lengths
+    assert_close(q_out.norm(dim=-1), q.norm(dim=-1), atol=1e-4, rtol=1e-4)  # a rotation keeps lengths
 
 
 def test_rope_bf16_matches_transformers():
@@ -125,19 +133,20 @@ def test_rope_scores_depend_only_on_relative_position():
     rope = RotaryEmbedding(64, 64, 2048, 10000.0)
     q, k = torch.randn(1, 1, 64), torch.randn(1, 1, 64)
 
-    def score(m: int, n: int) -> float:                                 # q at position m, k at position n
+    def score(m: int, n: int) -> float:  # q at position m, k at position n
         qm, _ = rope(torch.tensor([m]), q, k)
         _, kn = rope(torch.tensor([n]), q, k)
         return (qm * kn).sum().item()
-    base = score(5, 2)                                                  # distance 3
+
+    base = score(5, 2)  # distance 3
     for shift in (1, 10, 100, 1000):
         assert score(5 + shift, 2 + shift) == pytest.approx(base, abs=1e-4)
-    assert abs(score(5, 2) - score(5, 4)) > 1e-3                        # a different distance differs
+    assert abs(score(5, 2) - score(5, 4)) > 1e-3  # a different distance differs
 
 
 def test_get_rope_is_shared():
     a = get_rope(16, 16, 128, 10000.0, None)
-    assert get_rope(16, 16, 128, 10000.0, None) is a                   # every layer gets the same cache
+    assert get_rope(16, 16, 128, 10000.0, None) is a  # every layer gets the same cache
     b = get_rope(16, 16, 128, 500000.0, None)
     assert b is not a and not torch.equal(b.cos_sin_cache, a.cos_sin_cache)
     with pytest.raises(NotImplementedError, match="rope scaling"):
@@ -146,7 +155,7 @@ def test_get_rope_is_shared():
 
 def test_rope_theta_of():
     assert rope_theta_of(Qwen3Config(rope_parameters={"rope_type": "default", "rope_theta": 1e6})) == 1e6
-    assert rope_theta_of(Qwen3Config(rope_theta=5e5)) == 5e5            # transformers 5 moves it into rope_parameters
+    assert rope_theta_of(Qwen3Config(rope_theta=5e5)) == 5e5  # transformers 5 moves it into rope_parameters
     assert rope_theta_of(SimpleNamespace(rope_theta=10000)) == 10000.0  # older configs: top level
     with pytest.raises(ValueError, match="no rope_theta"):
         rope_theta_of(SimpleNamespace())
@@ -158,6 +167,7 @@ def test_rope_partial_rotary_rejected():
 
 
 # --- SwiGLU MLP --------------------------------------------------------------------------------------
+
 
 def test_silu_and_mul():
     x = torch.randn(5, 2 * 24)
@@ -187,12 +197,13 @@ def test_mlp_rejects_other_activations():
 
 # --- weight loaders ------------------------------------------------------------------------------------
 
+
 def test_qkv_loader_string_shard_ids():
     hidden, head_dim, heads, kv_heads = 32, 8, 4, 2
     layer = QKVParallelLinear(hidden, head_dim, heads, kv_heads, bias=True)
     w = {s: torch.randn(n * head_dim, hidden) for s, n in (("q", heads), ("k", kv_heads), ("v", kv_heads))}
     b = {s: torch.randn(t.shape[0]) for s, t in w.items()}
-    for s in ("v", "q", "k"):                                           # any order: each goes to its offset
+    for s in ("v", "q", "k"):  # any order: each goes to its offset
         layer.weight.weight_loader(layer.weight, w[s], s)
         layer.bias.weight_loader(layer.bias, b[s], s)
     assert layer.weight.shape == ((heads + 2 * kv_heads) * head_dim, hidden)
@@ -202,7 +213,7 @@ def test_qkv_loader_string_shard_ids():
 
 
 def test_merged_loader_int_shard_ids():
-    layer = MergedColumnParallelLinear(32, [48, 16])                   # unequal parts: offsets must be right
+    layer = MergedColumnParallelLinear(32, [48, 16])  # unequal parts: offsets must be right
     gate, up = torch.randn(48, 32), torch.randn(16, 32)
     layer.weight.weight_loader(layer.weight, up, 1)
     layer.weight.weight_loader(layer.weight, gate, 0)
@@ -221,7 +232,10 @@ def test_column_row_replicated_loaders():
 
 def test_loader_shape_mismatch_names_layer_and_shard():
     qkv = QKVParallelLinear(32, 8, 4, 2)
-    with pytest.raises(ValueError, match=r"QKVParallelLinear\[k\]: checkpoint shape \(24, 32\) does not match parameter shard shape \(16, 32\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"QKVParallelLinear\[k\]: checkpoint shape \(24, 32\) does not match parameter shard shape \(16, 32\)",
+    ):
         qkv.weight.weight_loader(qkv.weight, torch.randn(24, 32), "k")
     merged = MergedColumnParallelLinear(32, [48, 48])
     with pytest.raises(ValueError, match=r"MergedColumnParallelLinear\[1\]: .*\(48, 31\).*\(48, 32\)"):

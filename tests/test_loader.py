@@ -1,6 +1,7 @@
 """minivllm/utils/loader.py: Hugging Face safetensors checkpoints in one file or many, with or without
 model.safetensors.index.json, loaded into our packed parameters; every broken checkpoint is a clear error
 naming the tensor and the file, and no parameter is ever left uninitialised."""
+
 import json
 import os
 import shutil
@@ -68,6 +69,7 @@ def sharded(tiny_qwen2, tmp_path) -> str:
 
 # --- layouts -------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("fixture", ["tiny_qwen3", "tiny_qwen2", "tiny_llama"])
 def test_one_file_without_index(fixture, request):
     path = request.getfixturevalue(fixture)
@@ -75,7 +77,7 @@ def test_one_file_without_index(fixture, request):
     assert not os.path.exists(os.path.join(path, INDEX))
     model = new_model(path)
     load_model(model, path)
-    assert_loaded(model, path)                                 # biases (qwen2), tied and untied heads
+    assert_loaded(model, path)  # biases (qwen2), tied and untied heads
 
 
 def test_many_files_with_index(sharded, tiny_qwen2):
@@ -88,22 +90,23 @@ def test_many_files_with_index(sharded, tiny_qwen2):
 
 def test_many_files_without_index(sharded, tiny_qwen2):
     os.remove(os.path.join(sharded, INDEX))
-    assert len(checkpoint_files(sharded)) >= 3                 # found by glob
+    assert len(checkpoint_files(sharded)) >= 3  # found by glob
     model = new_model(sharded)
     load_model(model, sharded)
     assert_loaded(model, tiny_qwen2)
 
 
 def test_index_decides_which_files_are_read(sharded, tiny_qwen2):
-    stray = os.path.join(sharded, "stale-copy.safetensors")   # a file the index does not list
+    stray = os.path.join(sharded, "stale-copy.safetensors")  # a file the index does not list
     save_file({"model.something_else.weight": torch.zeros(3)}, stray)
     assert stray not in checkpoint_files(sharded)
     model = new_model(sharded)
-    load_model(model, sharded)                                 # the stray tensor would be "unexpected"
+    load_model(model, sharded)  # the stray tensor would be "unexpected"
     assert_loaded(model, tiny_qwen2)
 
 
 # --- broken checkpoints --------------------------------------------------------------------------------
+
 
 def test_file_listed_in_index_is_missing(sharded):
     with open(os.path.join(sharded, INDEX)) as f:
@@ -122,8 +125,15 @@ def test_no_safetensors_at_all(tiny_qwen3, tmp_path):
     assert path in str(e.value)
 
 
-@pytest.mark.parametrize("tensor", ["model.layers.1.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.weight",
-                                    "model.norm.weight", "model.embed_tokens.weight"])
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        "model.layers.1.self_attn.k_proj.weight",
+        "model.layers.0.mlp.up_proj.weight",
+        "model.norm.weight",
+        "model.embed_tokens.weight",
+    ],
+)
 def test_missing_tensor(tiny_qwen3, tmp_path, tensor):
     path = copy_checkpoint(tiny_qwen3, tmp_path / "ckpt")
     file = os.path.join(path, "model.safetensors")
@@ -149,16 +159,19 @@ def test_unexpected_tensor(sharded):
     assert "model.layers.0.mlp.extra_proj.weight" in str(e.value) and file in str(e.value)
 
 
-@pytest.mark.parametrize("tensor, shape", [
-    ("model.layers.0.self_attn.q_proj.weight", (64, 65)),     # packed (q of qkv), wrong input dim
-    ("model.layers.0.self_attn.k_proj.weight", (40, 64)),     # packed, too many rows
-    ("model.layers.0.self_attn.v_proj.bias", (31,)),          # packed bias, too short
-    ("model.layers.1.mlp.gate_proj.weight", (129, 64)),       # packed (gate of gate_up)
-    ("model.layers.1.mlp.down_proj.weight", (64, 130)),       # row-parallel, too many columns
-    ("model.layers.1.self_attn.o_proj.weight", (65, 64)),     # row-parallel, too many rows
-    ("model.embed_tokens.weight", (520, 64)),                 # vocab-parallel, too many rows
-    ("model.norm.weight", (63,)),                             # plain parameter
-])
+@pytest.mark.parametrize(
+    "tensor, shape",
+    [
+        ("model.layers.0.self_attn.q_proj.weight", (64, 65)),  # packed (q of qkv), wrong input dim
+        ("model.layers.0.self_attn.k_proj.weight", (40, 64)),  # packed, too many rows
+        ("model.layers.0.self_attn.v_proj.bias", (31,)),  # packed bias, too short
+        ("model.layers.1.mlp.gate_proj.weight", (129, 64)),  # packed (gate of gate_up)
+        ("model.layers.1.mlp.down_proj.weight", (64, 130)),  # row-parallel, too many columns
+        ("model.layers.1.self_attn.o_proj.weight", (65, 64)),  # row-parallel, too many rows
+        ("model.embed_tokens.weight", (520, 64)),  # vocab-parallel, too many rows
+        ("model.norm.weight", (63,)),  # plain parameter
+    ],
+)
 def test_wrong_shape(tiny_qwen2, tmp_path, tensor, shape):
     path = copy_checkpoint(tiny_qwen2, tmp_path / "ckpt")
     file = os.path.join(path, "model.safetensors")

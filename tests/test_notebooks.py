@@ -1,6 +1,7 @@
 """Every committed notebook was executed once, top to bottom, and its outputs are clean (nbdev's and d2l's
 CI gate): execution counts 1..N, a first markdown cell naming the minivllm/ module it builds, a final
 `self-check OK` line, no errors, and no temp paths or object addresses in what `pytest --nbval` compares."""
+
 import json
 import re
 from pathlib import Path
@@ -11,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 MODULE = re.compile(r"minivllm/[\w/]*\w(?:\.py)?")
 TMP_PATH = re.compile(r"/tmp/|/var/folders/|pytest-of-|\\Temp\\|\btmp[a-z0-9_]{6,}\b")
-ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{8,}\b")          # `<object at 0x7f3a...>`: 64-bit pointers
+ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{8,}\b")  # `<object at 0x7f3a...>`: 64-bit pointers
 
 
 def load(path: Path) -> list[dict]:
@@ -53,7 +54,9 @@ def test_first_cell_names_its_module(path):
     first = load(path)[0]
     assert first["cell_type"] == "markdown", f"{path.name}: the first cell must be markdown"
     named = MODULE.findall("".join(first["source"]))
-    assert any((ROOT / m).exists() for m in named), f"{path.name}: first cell names no existing minivllm/ module ({named})"
+    assert any((ROOT / m).exists() for m in named), (
+        f"{path.name}: first cell names no existing minivllm/ module ({named})"
+    )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -70,4 +73,7 @@ def test_outputs_hold_no_tmp_paths_or_addresses(path):
             text = text_of(out)
             for name, pattern in (("a temp path", TMP_PATH), ("an object address", ADDRESS)):
                 hit = pattern.search(text)
-                assert hit is None, f"{path.name} cell {c['execution_count']} prints {name}: {text[max(0, hit.start() - 40):hit.end() + 40]!r}"
+                assert hit is None, (
+                    f"{path.name} cell {c['execution_count']} prints {name}: "
+                    f"{text[max(0, hit.start() - 40) : hit.end() + 40]!r}"
+                )

@@ -1,13 +1,14 @@
 """Programmatic dependent launch (minivllm/utils/pdl.py): off on CPU (the interpreter never sees it); on a
 Hopper GPU the chain prologue -> paged decode -> split combine, captured in a CUDA graph with PDL, gives
 exactly what the same kernels give launched one after the other without it, and so does the whole engine."""
+
 import pytest
 import torch
 
 from minivllm.layers.attention_prologue import attention_prologue
 from minivllm.layers.paged_decode import paged_decode
 from minivllm.layers.rotary_embedding import RotaryEmbedding
-from minivllm.utils import pdl
+from minivllm.utils import pdl, switches
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -19,7 +20,7 @@ def test_pdl_is_off_on_cpu():
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("batch", [8, 64])                  # 8: split-KV, so the combine kernel runs too
+@pytest.mark.parametrize("batch", [8, 64])  # 8: split-KV, so the combine kernel runs too
 def test_gpu_prologue_decode_chain_in_a_graph_equals_plain_launches(batch):
     torch.manual_seed(batch)
     H, Hkv, D, page, layers = 16, 8, 128, 256, 12
@@ -37,26 +38,24 @@ def test_gpu_prologue_decode_chain_in_a_graph_equals_plain_launches(batch):
     def step(kv) -> list[torch.Tensor]:
         outs = []
         for i in range(layers):
-            q, _, _ = attention_prologue(qkv[i], positions, rope.cos_sin_cache, H, Hkv, D, qn, kn, 1e-6,
-                                         kv[i, 0], kv[i, 1], slots)
-            outs.append(paged_decode(q, kv[i, 0], kv[i, 1], ctx, tables, D ** -0.5))
+            q, _, _ = attention_prologue(
+                qkv[i], positions, rope.cos_sin_cache, H, Hkv, D, qn, kn, 1e-6, kv[i, 0], kv[i, 1], slots
+            )
+            outs.append(paged_decode(q, kv[i, 0], kv[i, 1], ctx, tables, D**-0.5))
         return outs
 
-    pdl.set_enabled(False)
-    try:
+    with switches.override(pdl=False):
         plain_cache = caches.clone()
         plain = step(plain_cache)
-    finally:
-        pdl.set_enabled(True)
     assert pdl.enabled(qkv) == (torch.cuda.get_device_capability()[0] >= 9)
     graph_cache = caches.clone()
-    step(graph_cache.clone())                               # compile before capture
+    step(graph_cache.clone())  # compile before capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         outs = step(graph_cache)
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(graph_cache, plain_cache)             # the prologue wrote the same K/V
+    assert torch.equal(graph_cache, plain_cache)  # the prologue wrote the same K/V
     for got, ref in zip(outs, plain):
         assert torch.equal(got, ref)
 
@@ -65,16 +64,14 @@ def test_gpu_prologue_decode_chain_in_a_graph_equals_plain_launches(batch):
 @gpu
 def test_gpu_engine_tokens_with_and_without_pdl(tiny_qwen3):
     from minivllm import LLM, SamplingParams
+
     prompts = [[(7 * i + n) % 500 for i in range(n)] for n in (5, 40, 1, 90)]
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     runs = {}
-    try:
-        for on in (True, False):
-            pdl.set_enabled(on)
+    for on in (True, False):
+        with switches.override(pdl=on):
             for eager in (True, False):
                 llm = LLM(tiny_qwen3, device="cuda", dtype="float32", enforce_eager=eager, max_model_len=256)
                 runs[on, eager] = [o.token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
                 llm.exit()
-    finally:
-        pdl.set_enabled(True)
     assert runs[True, True] == runs[False, True] == runs[True, False] == runs[False, False]

@@ -2,16 +2,32 @@
 distribution (chi-square against the exact probabilities and against torch.multinomial), temperature,
 greedy rows, per-row top-k / top-p, and input validation. Every statistical test also shows that a wrong
 sampler fails it, so the tests have power. Many draws are one batched call on a repeated logits row."""
+
 import pytest
 import torch
 
 from minivllm.layers.sampler import Sampler, filter_top_k_top_p
 from minivllm.sampling_params import SamplingParams
 
-N = 40_000            # draws per distribution: expected counts >= ~800 for the rarest token used below
+N = 40_000  # draws per distribution: expected counts >= ~800 for the rarest token used below
 # upper 0.001 quantiles of the chi-square distribution, chi2.ppf(0.999, df) (standard tables)
-CHI2_999 = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515, 6: 22.458, 7: 24.322, 8: 26.124,
-            9: 27.877, 10: 29.588, 11: 31.264, 12: 32.909, 13: 34.528, 14: 36.123, 15: 37.697}
+CHI2_999 = {
+    1: 10.828,
+    2: 13.816,
+    3: 16.266,
+    4: 18.467,
+    5: 20.515,
+    6: 22.458,
+    7: 24.322,
+    8: 26.124,
+    9: 27.877,
+    10: 29.588,
+    11: 31.264,
+    12: 32.909,
+    13: 34.528,
+    14: 36.123,
+    15: 37.697,
+}
 PROBS = torch.tensor([0.30, 0.22, 0.16, 0.12, 0.08, 0.06, 0.04, 0.02], dtype=torch.float64)
 
 
@@ -22,15 +38,18 @@ def _seed():
 
 # --- chi-square helpers ------------------------------------------------------------------------------
 
+
 def counts(ids: torch.Tensor, vocab: int) -> torch.Tensor:
-    return torch.bincount(ids.flatten(), minlength=vocab).double()                # (V,)
+    return torch.bincount(ids.flatten(), minlength=vocab).double()  # (V,)
 
 
 def chi2_gof(ids: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
     """Goodness of fit of samples `ids` to `probs` (V,). Tokens of probability 0 must never appear."""
     observed = counts(ids, probs.numel())
     support = probs > 0
-    assert observed[~support].sum() == 0, f"tokens {(~support & (observed > 0)).nonzero().flatten().tolist()} have p = 0"
+    assert observed[~support].sum() == 0, (
+        f"tokens {(~support & (observed > 0)).nonzero().flatten().tolist()} have p = 0"
+    )
     expected = ids.numel() * probs.double()[support] / probs.double()[support].sum()
     return float(((observed[support] - expected) ** 2 / expected).sum()), int(support.sum()) - 1
 
@@ -45,13 +64,14 @@ def chi2_two_sample(a: torch.Tensor, b: torch.Tensor, vocab: int) -> tuple[float
 
 def fits(stat_df: tuple[float, int]) -> bool:
     stat, df = stat_df
-    return df == 0 or stat < CHI2_999[df]          # df = 0: one token, the support check said it all
+    return df == 0 or stat < CHI2_999[df]  # df = 0: one token, the support check said it all
 
 
-def sample(logits_row: torch.Tensor, n: int = N, temperature: float = 1.0, top_k: int | None = None,
-           top_p: float | None = None) -> torch.Tensor:
+def sample(
+    logits_row: torch.Tensor, n: int = N, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> torch.Tensor:
     """n draws from one logits row in one batched Sampler call: (n,) token ids."""
-    logits = logits_row.float().repeat(n, 1)                                       # (n, V)
+    logits = logits_row.float().repeat(n, 1)  # (n, V)
     temps = torch.full((n,), float(temperature))
     top_ks = torch.full((n,), top_k, dtype=torch.long) if top_k is not None else None
     top_ps = torch.full((n,), float(top_p)) if top_p is not None else None
@@ -78,6 +98,7 @@ def reference_probs(logits_row: torch.Tensor, temperature: float = 1.0, top_k: i
 
 # --- the exponential race ----------------------------------------------------------------------------
 
+
 def test_chi2_table_matches_scipy():
     chi2 = pytest.importorskip("scipy.stats").chi2
     for df, crit in CHI2_999.items():
@@ -93,7 +114,7 @@ def test_exponential_race_samples_p():
 
 def test_wrong_samplers_fail_the_same_tests():
     """Power check: the statistics above reject samplers that are close to right but wrong."""
-    p = PROBS.float().repeat(N, 1)                                                 # (N, V)
+    p = PROBS.float().repeat(N, 1)  # (N, V)
     e = torch.empty_like(p).exponential_(1)
     u = torch.rand_like(p)
     reference = torch.multinomial(PROBS, N, replacement=True)
@@ -107,25 +128,25 @@ def test_temperature_samples_softmax_of_logits_over_t(temperature):
     logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5])
     ids = sample(logits, temperature=temperature)
     assert fits(chi2_gof(ids, torch.softmax(logits.double() / temperature, -1)))
-    assert not fits(chi2_gof(ids, torch.softmax(logits.double(), -1)))          # ignoring T is caught
+    assert not fits(chi2_gof(ids, torch.softmax(logits.double(), -1)))  # ignoring T is caught
 
 
 def test_temperature_zero_rows_are_argmax_in_a_mixed_batch():
-    logits = torch.randn(64, 50) * 3                                               # (B, V)
+    logits = torch.randn(64, 50) * 3  # (B, V)
     temps = torch.tensor([0.0, 1.0] * 32)
     greedy = logits.argmax(-1)
     hot_differs = 0
     for filters in (None, (torch.tensor([0, 5] * 32), torch.tensor([1.0, 0.9] * 32))):
         for _ in range(20):
             ids = Sampler()(logits, temps, *(filters or ()))
-            assert torch.equal(ids[0::2], greedy[0::2])                            # T = 0: exactly argmax
+            assert torch.equal(ids[0::2], greedy[0::2])  # T = 0: exactly argmax
             hot_differs += int((ids[1::2] != greedy[1::2]).sum())
-    assert hot_differs > 0                                                         # T = 1 rows really sample
+    assert hot_differs > 0  # T = 1 rows really sample
 
 
 # --- top-k and top-p -------------------------------------------------------------------------------
 
-LOGITS = torch.tensor([0.3, 2.0, -1.0, 1.2, 0.9, 1.7, -0.4, 0.0, 0.6, 1.4])      # V = 10, unsorted on purpose
+LOGITS = torch.tensor([0.3, 2.0, -1.0, 1.2, 0.9, 1.7, -0.4, 0.0, 0.6, 1.4])  # V = 10, unsorted on purpose
 
 
 def test_top_k_keeps_only_the_k_best():
@@ -143,9 +164,9 @@ def test_top_p_keeps_only_the_nucleus(top_p, nucleus):
     order = probs.argsort(descending=True)
     assert int((expected > 0).sum()) == nucleus
     assert set((expected > 0).nonzero().flatten().tolist()) == set(order[:nucleus].tolist())
-    assert probs[order[:nucleus]].sum() >= top_p and (nucleus == 1 or probs[order[:nucleus - 1]].sum() < top_p)
+    assert probs[order[:nucleus]].sum() >= top_p and (nucleus == 1 or probs[order[: nucleus - 1]].sum() < top_p)
     ids = sample(LOGITS, top_p=top_p)
-    assert set(ids.unique().tolist()) == set(order[:nucleus].tolist())            # first token always kept
+    assert set(ids.unique().tolist()) == set(order[:nucleus].tolist())  # first token always kept
     assert fits(chi2_gof(ids, expected))
 
 
@@ -160,7 +181,7 @@ def test_top_p_is_taken_after_temperature():
 def test_per_row_k_p_and_temperature_in_one_batch():
     groups = [(1.0, 0, 1.0), (1.0, 3, 1.0), (1.0, 0, 0.6), (0.7, 4, 0.8), (2.0, 0, 0.5), (1.5, 6, 0.95), (0.0, 2, 0.5)]
     g = len(groups)
-    rows = torch.arange(g * 12_000) % g                                           # groups interleaved row by row
+    rows = torch.arange(g * 12_000) % g  # groups interleaved row by row
     temps = torch.tensor([t for t, _, _ in groups])[rows]
     top_ks = torch.tensor([k for _, k, _ in groups])[rows]
     top_ps = torch.tensor([p for _, _, p in groups])[rows]
@@ -184,12 +205,13 @@ def test_k_zero_and_p_one_mean_off():
     plain = Sampler()(logits, temps)
     torch.manual_seed(1)
     filtered = Sampler()(logits, temps, off_k, off_p)
-    assert torch.equal(plain, filtered)                                           # same noise, same draws
+    assert torch.equal(plain, filtered)  # same noise, same draws
     kept = filter_top_k_top_p(logits, torch.full((256,), 3), off_p).isfinite().sum(-1)
     assert (kept == 3).all()
 
 
 # --- bad input ---------------------------------------------------------------------------------------
+
 
 def test_sampler_rejects_bad_shapes():
     sampler = Sampler()
@@ -205,8 +227,10 @@ def test_sampler_rejects_bad_shapes():
         sampler(torch.randn(4, 8), torch.ones(4), None, torch.ones(4, 1))
 
 
-@pytest.mark.parametrize("field, value", [("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1),
-                                          ("max_tokens", 0), ("top_k", 2.5)])
+@pytest.mark.parametrize(
+    "field, value",
+    [("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1), ("max_tokens", 0), ("top_k", 2.5)],
+)
 def test_sampling_params_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
@@ -221,27 +245,30 @@ def test_sampling_params_accepts_the_edges():
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
+
 def test_kernel_greedy_rows_are_argmax_with_first_index_ties():
     from minivllm.layers.sampler import gumbel_sample
+
     g = torch.Generator().manual_seed(3)
-    logits = torch.randint(0, 4, (6, 70), generator=g).float().to(DEVICE)        # many ties at the max
+    logits = torch.randint(0, 4, (6, 70), generator=g).float().to(DEVICE)  # many ties at the max
     temps = torch.zeros(6, device=DEVICE)
-    for splits in (1, 3, 5):                                                       # ties across splits too
+    for splits in (1, 3, 5):  # ties across splits too
         ids = gumbel_sample(logits, temps, torch.tensor([0], device=DEVICE), block=4, splits=splits)
-        assert torch.equal(ids, logits.argmax(-1))                                 # torch.argmax: first max
+        assert torch.equal(ids, logits.argmax(-1))  # torch.argmax: first max
 
 
 def test_kernel_draw_does_not_depend_on_the_split_and_the_seed_advances():
     from minivllm.layers.sampler import gumbel_sample
+
     logits = torch.randn(4, 100, generator=torch.Generator().manual_seed(1)).to(DEVICE, torch.bfloat16)
     temps = torch.tensor([1.0, 0.5, 2.0, 1.0], device=DEVICE)
     seed = torch.tensor([42], device=DEVICE)
     draws = [gumbel_sample(logits, temps, torch.tensor([42], device=DEVICE), block=4, splits=s) for s in (1, 2, 7)]
     assert all(torch.equal(d, draws[0]) for d in draws)
     again = [gumbel_sample(logits, temps, seed, block=4) for _ in range(4)]
-    assert int(seed) == 46                                                         # one step per call
-    assert torch.equal(again[0], draws[0])                                         # same seed, same draw
-    assert len({tuple(a.tolist()) for a in again}) > 1                             # new seed, new noise
+    assert int(seed) == 46  # one step per call
+    assert torch.equal(again[0], draws[0])  # same seed, same draw
+    assert len({tuple(a.tolist()) for a in again}) > 1  # new seed, new noise
 
 
 @pytest.mark.slow
@@ -249,9 +276,10 @@ def test_kernel_samples_softmax_of_logits_over_t():
     """400 one-row draws (each row is one program, slow in the interpreter): chi-square against
     softmax(l / T), and the same test rejects softmax(l), which ignores T."""
     from minivllm.layers.sampler import gumbel_sample
+
     probs = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
     t = 0.5
-    logits = (probs.log() * t).float().repeat(400, 1).to(DEVICE)                  # softmax(l / T) = probs
+    logits = (probs.log() * t).float().repeat(400, 1).to(DEVICE)  # softmax(l / T) = probs
     ids = gumbel_sample(logits, torch.full((400,), t, device=DEVICE), torch.tensor([7], device=DEVICE), block=4).cpu()
     assert fits(chi2_gof(ids, probs))
     assert not fits(chi2_gof(ids, torch.softmax(logits[0].double().cpu(), -1)))
@@ -261,11 +289,11 @@ def test_kernel_samples_softmax_of_logits_over_t():
 def test_gpu_sampler_kernel_samples_p_and_greedy_rows():
     """On CUDA the Sampler takes the Triton race: the full chi-square tests, bf16 logits, mixed greedy rows."""
     sampler = Sampler(seed=3).cuda()
-    logits = PROBS.log().float().repeat(N, 1).cuda()                              # (N, V)
+    logits = PROBS.log().float().repeat(N, 1).cuda()  # (N, V)
     ids = sampler(logits, torch.ones(N, device="cuda")).cpu()
     assert fits(chi2_gof(ids, PROBS))
     assert fits(chi2_two_sample(ids, torch.multinomial(PROBS, N, replacement=True), PROBS.numel()))
-    big = (torch.randn(64, 151936, device="cuda") * 3).to(torch.bfloat16)           # Qwen3's vocabulary
+    big = (torch.randn(64, 151936, device="cuda") * 3).to(torch.bfloat16)  # Qwen3's vocabulary
     temps = torch.tensor([0.0, 0.7] * 32, device="cuda")
     ids = sampler(big, temps)
     assert torch.equal(ids[0::2], big[0::2].argmax(-1))

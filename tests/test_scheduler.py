@@ -4,20 +4,22 @@ and cache sizes; every step is checked: budgets respected, decoding sequences sc
 accounted (free + used = all, reference counts = holders), no write into a shared block, prefix hits only
 on blocks computed from the same tokens (a shadow record of every slot), first admissions in FIFO order;
 at the end every request finished exactly once with exactly the tokens an oracle predicts, and every block
-is free. Both loops the engine uses are driven: synchronous (`postprocess`) and one step ahead
-(`on_launch` now, `on_result` after the next step is scheduled)."""
+is free. Both loops the engine uses are driven: synchronous (`minivllm.testing.scheduling.postprocess`) and one
+step ahead (`on_launch` now, `on_result` after the next step is scheduled)."""
+
 from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from test_block_manager import Shadow, check_accounting
 from transformers import AutoConfig
 
 from minivllm.config import Config
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.sequence import PENDING, Sequence, SequenceStatus
 from minivllm.sampling_params import SamplingParams
-from test_block_manager import Shadow, block_size, check_accounting
+from minivllm.testing.scheduling import postprocess
 
 EOS = 0
 
@@ -27,7 +29,7 @@ class Request:
     prompt: list[int]
     max_tokens: int
     ignore_eos: bool
-    arrival: int                 # the step at which it is added
+    arrival: int  # the step at which it is added
 
 
 def fake_token(index: int, pos: int, salt: int) -> int:
@@ -53,11 +55,19 @@ def hf_config(tiny_qwen3):
     return AutoConfig.from_pretrained(tiny_qwen3)
 
 
-def make_scheduler(model: str, hf_config, num_blocks: int, bs: int, max_num_seqs: int, max_tokens: int,
-                   caching: bool = True) -> Scheduler:
-    config = Config(model, hf_config=hf_config, num_kvcache_blocks=num_blocks, kvcache_block_size=bs,
-                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_tokens, max_model_len=1024,
-                    enable_prefix_caching=caching)
+def make_scheduler(
+    model: str, hf_config, num_blocks: int, bs: int, max_num_seqs: int, max_tokens: int, caching: bool = True
+) -> Scheduler:
+    config = Config(
+        model,
+        hf_config=hf_config,
+        num_kvcache_blocks=num_blocks,
+        kvcache_block_size=bs,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_tokens,
+        max_model_len=1024,
+        enable_prefix_caching=caching,
+    )
     return Scheduler(config, [EOS])
 
 
@@ -65,19 +75,20 @@ def run(sched: Scheduler, requests: list[Request], salt: int, overlap: bool) -> 
     """Drive `sched` to completion, checking every step. Returns per-request outputs and statistics."""
     bm, bs = sched.block_manager, sched.block_manager.block_size
     shadow = Shadow(bs)
-    seqs: dict[int, Sequence] = {}                  # request index -> its sequence, once added
-    index = {}                                      # seq_id -> request index
+    seqs: dict[int, Sequence] = {}  # request index -> its sequence, once added
+    index = {}  # seq_id -> request index
     finished: dict[int, Sequence] = {}
     added: list[int] = []
     first_admitted: list[int] = []
     in_flight = None
     stats = dict(steps=0, chunks=0, preemptions=0, hits=0)
-    preempted: set[int] = set()                     # seq_ids preempted during the current schedule()
+    preempted: set[int] = set()  # seq_ids preempted during the current schedule()
     preempt = sched.preempt
 
     def spy(seq: Sequence) -> None:
         preempted.add(seq.seq_id)
         preempt(seq)
+
     sched.preempt = spy
 
     def true_tokens(seq: Sequence, end: int) -> tuple[int, ...]:
@@ -116,7 +127,7 @@ def run(sched: Scheduler, requests: list[Request], salt: int, overlap: bool) -> 
         assert sum(s.num_scheduled_tokens for s in scheduled) <= budget
         assert len(sched.running) <= sched.max_num_seqs and len(scheduled) <= sched.max_num_seqs
         assert scheduled or in_flight is not None, "an empty step while requests are pending"
-        if len(decoding) <= budget:                 # decodes go first: none is skipped for a prefill
+        if len(decoding) <= budget:  # decodes go first: none is skipped for a prefill
             for s in decoding:
                 assert s in scheduled or s.status == SequenceStatus.WAITING
         if sched.num_preemptions == preempted_before:
@@ -126,7 +137,7 @@ def run(sched: Scheduler, requests: list[Request], salt: int, overlap: bool) -> 
             assert s.status == SequenceStatus.RUNNING and s in sched.running
             assert 1 <= s.num_scheduled_tokens <= s.num_tokens - s.num_computed_tokens
             assert len(s.block_table) * bs >= s.num_computed_tokens + s.num_scheduled_tokens
-            if s.seq_id in waiting_before | preempted:     # (re)admitted in this step: check its prefix hit
+            if s.seq_id in waiting_before | preempted:  # (re)admitted in this step: check its prefix hit
                 if index[s.seq_id] not in first_admitted:
                     first_admitted.append(index[s.seq_id])
                 shadow.check_hit(s)
@@ -147,7 +158,7 @@ def run(sched: Scheduler, requests: list[Request], salt: int, overlap: bool) -> 
         sampled = [fake_token(index[s.seq_id], s.num_tokens, salt) for s in scheduled]
         stats["steps"] += 1
         if not overlap:
-            finish(sched.postprocess(scheduled, sampled))
+            finish(postprocess(sched, scheduled, sampled))
             continue
         launched = (scheduled, sched.on_launch(scheduled), sampled) if scheduled else None
         if in_flight is not None:
@@ -176,10 +187,17 @@ def workloads(draw):
     for _ in range(draw(st.integers(1, 8))):
         prompt = draw(st.sampled_from(pool)) + draw(st.lists(st.integers(1, 3), min_size=1, max_size=12))
         requests.append(Request(prompt, draw(st.integers(1, 12)), draw(st.booleans()), draw(st.integers(0, 6))))
-    need = max((len(r.prompt) + r.max_tokens + bs - 1) // bs for r in requests)     # what add_request allows
+    need = max((len(r.prompt) + r.max_tokens + bs - 1) // bs for r in requests)  # what add_request allows
     num_blocks = need + draw(st.integers(0, 8))
-    return dict(bs=bs, requests=requests, num_blocks=num_blocks, max_num_seqs=draw(st.integers(1, 6)),
-                max_tokens=draw(st.integers(1, 48)), caching=draw(st.booleans()), salt=draw(st.integers(0, 99)))
+    return dict(
+        bs=bs,
+        requests=requests,
+        num_blocks=num_blocks,
+        max_num_seqs=draw(st.integers(1, 6)),
+        max_tokens=draw(st.integers(1, 48)),
+        caching=draw(st.booleans()),
+        salt=draw(st.integers(0, 99)),
+    )
 
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -189,10 +207,10 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 @SETTINGS
 @given(w=workloads())
 def test_random_workloads(tiny_qwen3, hf_config, overlap, w):
-    with block_size(w["bs"]):
-        sched = make_scheduler(tiny_qwen3, hf_config, w["num_blocks"], w["bs"], w["max_num_seqs"], w["max_tokens"],
-                               w["caching"])
-        stats = run(sched, w["requests"], w["salt"], overlap)
+    sched = make_scheduler(
+        tiny_qwen3, hf_config, w["num_blocks"], w["bs"], w["max_num_seqs"], w["max_tokens"], w["caching"]
+    )
+    stats = run(sched, w["requests"], w["salt"], overlap)
     assert stats["preemptions"] == sched.num_preemptions
     for name in ("preemptions", "chunks", "hits"):
         event(f"{name}: {'yes' if stats[name] else 'no'}")
@@ -202,35 +220,34 @@ def test_random_workloads(tiny_qwen3, hf_config, overlap, w):
 
 # --- the pressures, each shown to happen -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "one-step-ahead"])
 def test_preemption_chunking_and_prefix_hits_happen(tiny_qwen3, hf_config, overlap):
-    with block_size(4):
-        shared = [1, 2, 3, 1, 2, 3, 1, 2]                              # two full blocks
-        requests = [Request(shared + [3] * k, 12, True, arrival=2 * (k // 3)) for k in range(1, 7)]
-        requests.append(Request([2] * 30, 6, True, arrival=3))         # a long prompt: chunked
-        sched = make_scheduler(tiny_qwen3, hf_config, num_blocks=10, bs=4, max_num_seqs=4, max_tokens=8)
-        stats = run(sched, requests, salt=0, overlap=overlap)
+    shared = [1, 2, 3, 1, 2, 3, 1, 2]  # two full blocks
+    requests = [Request(shared + [3] * k, 12, True, arrival=2 * (k // 3)) for k in range(1, 7)]
+    requests.append(Request([2] * 30, 6, True, arrival=3))  # a long prompt: chunked
+    sched = make_scheduler(tiny_qwen3, hf_config, num_blocks=10, bs=4, max_num_seqs=4, max_tokens=8)
+    stats = run(sched, requests, salt=0, overlap=overlap)
     assert stats["preemptions"] > 0 and stats["chunks"] >= 3 and stats["hits"] > 0
 
 
 def test_preempted_sequence_keeps_its_tokens_and_resumes_first(tiny_qwen3, hf_config):
     """Newest first: with room for one decoding sequence only, the newer one is preempted, goes back to the
     front of the queue with its generated tokens, and is recomputed when blocks free up."""
-    with block_size(2):
-        sched = make_scheduler(tiny_qwen3, hf_config, num_blocks=4, bs=2, max_num_seqs=4, max_tokens=64)
-        a = Sequence([1, 1, 1, 1], SamplingParams(max_tokens=5, ignore_eos=True))
-        b = Sequence([2, 2, 2, 2], SamplingParams(max_tokens=5, ignore_eos=True))
-        sched.add(a), sched.add(b)
-        assert sched.schedule() == [a, b]                                # 2 + 2 blocks
-        sched.postprocess([a, b], [7, 8])
-        assert sched.schedule() == [a] and sched.waiting[0] is b           # a's 3rd block: b preempted
-        assert b.token_ids == [2, 2, 2, 2, 8] and b.num_computed_tokens == 0 and not b.block_table
-        assert sched.num_preemptions == 1
-        c = Sequence([3], SamplingParams(max_tokens=1))
-        sched.add(c)
-        sched.postprocess([a], [7])
-        while a in sched.running:
-            assert sched.schedule()[0] is a
-            sched.postprocess([a], [7])
-        assert sched.schedule() == [b, c]                                 # b first, recomputed with its token
-        assert b.num_computed_tokens + b.num_scheduled_tokens == 5 and b.token_ids == [2, 2, 2, 2, 8]
+    sched = make_scheduler(tiny_qwen3, hf_config, num_blocks=4, bs=2, max_num_seqs=4, max_tokens=64)
+    a = Sequence([1, 1, 1, 1], SamplingParams(max_tokens=5, ignore_eos=True))
+    b = Sequence([2, 2, 2, 2], SamplingParams(max_tokens=5, ignore_eos=True))
+    sched.add(a), sched.add(b)
+    assert sched.schedule() == [a, b]  # 2 + 2 blocks
+    postprocess(sched, [a, b], [7, 8])
+    assert sched.schedule() == [a] and sched.waiting[0] is b  # a's 3rd block: b preempted
+    assert b.token_ids == [2, 2, 2, 2, 8] and b.num_computed_tokens == 0 and not b.block_table
+    assert sched.num_preemptions == 1
+    c = Sequence([3], SamplingParams(max_tokens=1))
+    sched.add(c)
+    postprocess(sched, [a], [7])
+    while a in sched.running:
+        assert sched.schedule()[0] is a
+        postprocess(sched, [a], [7])
+    assert sched.schedule() == [b, c]  # b first, recomputed with its token
+    assert b.num_computed_tokens + b.num_scheduled_tokens == 5 and b.token_ids == [2, 2, 2, 2, 8]

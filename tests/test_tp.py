@@ -2,17 +2,26 @@
 equals plain torch on the full weights, with the collectives the design promises (Row and the embedding
 all_reduce once, the LM head gathers to rank 0, Column/QKV/Merged never talk); a whole Qwen3 decoder layer
 at TP=2 equals TP=1 with exactly 2 all_reduces; TP degrees that do not divide the head counts fail with a
-clear ValueError. One spawn of 2 processes runs every check (minivllm/utils/tp_checks.py)."""
+clear ValueError. One spawn of 2 processes runs every check (minivllm/testing/tp_checks.py)."""
+
 import pytest
 
 from conftest import assert_close
-from minivllm.utils.dist import divide, run_tp
-from minivllm.utils.tp_checks import run_decoder_layer, tp_worker
+from minivllm.testing.spawn import run_tp
+from minivllm.testing.tp_checks import run_decoder_layer, tp_worker
+from minivllm.utils.dist import divide
 
 LINEAR = ["column", "row", "qkv", "merged"]
 # layer -> (all_reduce calls, gather calls) of one forward at TP=2
-COLLECTIVES = {"column": (0, 0), "row": (1, 0), "qkv": (0, 0), "merged": (0, 0), "embedding": (1, 0),
-               "lm_head_prefill": (0, 1), "lm_head_decode": (0, 1)}
+COLLECTIVES = {
+    "column": (0, 0),
+    "row": (1, 0),
+    "qkv": (0, 0),
+    "merged": (0, 0),
+    "embedding": (1, 0),
+    "lm_head_prefill": (0, 1),
+    "lm_head_decode": (0, 1),
+}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +42,7 @@ def test_ranks_and_world_size(tp2):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", LINEAR + ["embedding"])
 def test_sharded_layer_equals_unsharded(tp2, name):
-    for check in _check(tp2, name):                 # every rank ends with the full result
+    for check in _check(tp2, name):  # every rank ends with the full result
         assert_close(check["out"], check["ref"])
 
 
@@ -41,7 +50,7 @@ def test_sharded_layer_equals_unsharded(tp2, name):
 @pytest.mark.parametrize("name", ["lm_head_prefill", "lm_head_decode"])
 def test_lm_head_gathers_full_logits_to_rank0(tp2, name):
     rank0, rank1 = _check(tp2, name)
-    assert rank0["out"].shape == (3, 256)            # prefill: only the last token of each of 3 sequences
+    assert rank0["out"].shape == (3, 256)  # prefill: only the last token of each of 3 sequences
     assert_close(rank0["out"], rank0["ref"])
     assert rank1["out"] is None
 
@@ -56,20 +65,25 @@ def test_collectives_per_layer(tp2, name):
 @pytest.mark.slow
 def test_shard_shapes_and_vocab_ranges(tp2):
     shapes = {name: _check(tp2, name)[0]["shard_shape"] for name in LINEAR + ["embedding"]}
-    assert shapes == {"column": (48, 64), "row": (64, 48), "qkv": ((4 + 2 * 2) * 16 // 2, 64),
-                      "merged": (128, 64), "embedding": (128, 64)}
+    assert shapes == {
+        "column": (48, 64),
+        "row": (64, 48),
+        "qkv": ((4 + 2 * 2) * 16 // 2, 64),
+        "merged": (128, 64),
+        "embedding": (128, 64),
+    }
     assert [c["vocab_range"] for c in _check(tp2, "embedding")] == [(0, 128), (128, 256)]
 
 
 @pytest.mark.slow
 def test_decoder_layer_tp2_equals_tp1_with_two_all_reduces(tp2):
-    ref = run_decoder_layer(0)                       # this process: no process group, TP=1
+    ref = run_decoder_layer(0)  # this process: no process group, TP=1
     assert ref["all_reduce"] == 0 and (ref["q_heads_per_rank"], ref["kv_heads_per_rank"]) == (4, 2)
     for r in tp2:
         d = r["decoder"]
         assert (d["q_heads_per_rank"], d["kv_heads_per_rank"]) == (2, 1)
-        assert d["all_reduce"] == 2 and d["all_reduce_first"] == 2 and d["gather"] == 0   # o_proj + down_proj
-        for key in ("first", "later"):               # first layer (residual None) and a later one
+        assert d["all_reduce"] == 2 and d["all_reduce_first"] == 2 and d["gather"] == 0  # o_proj + down_proj
+        for key in ("first", "later"):  # first layer (residual None) and a later one
             for actual, expected in zip(d[key], ref[key]):
                 assert_close(actual, expected)
 
@@ -87,17 +101,30 @@ def test_indivisible_sizes_raise_clear_errors(tp2):
 
 # --- TP degrees without processes: simulate the world size the layers read -----------------------------
 
+
 def _simulate_tp(monkeypatch, size: int) -> None:
     import minivllm.layers.linear as linear
     import minivllm.models.qwen3 as qwen3
+
     monkeypatch.setattr(qwen3, "tp_size", lambda: size)
     monkeypatch.setattr(linear, "tp_size", lambda: size)
 
 
 def _qwen3_0_6b_attention():
     from minivllm.models.qwen3 import Qwen3Attention
-    return Qwen3Attention(hidden_size=1024, num_heads=16, num_kv_heads=8, max_position=64, head_dim=128,
-                          rms_norm_eps=1e-6, qkv_bias=False, qk_norm=True, rope_theta=1e6, rope_scaling=None)
+
+    return Qwen3Attention(
+        hidden_size=1024,
+        num_heads=16,
+        num_kv_heads=8,
+        max_position=64,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        qkv_bias=False,
+        qk_norm=True,
+        rope_theta=1e6,
+        rope_scaling=None,
+    )
 
 
 def test_tp3_with_16_heads_raises(monkeypatch):
@@ -119,6 +146,6 @@ def test_qwen3_0_6b_admits_tp_1_2_4_8(monkeypatch):
         assert attn.qkv_proj.weight.shape == ((16 + 2 * 8) * 128 // size, 1024)
         assert attn.o_proj.weight.shape == (1024, 16 * 128 // size)
     assert admitted == [1, 2, 4, 8]
-    with pytest.raises(ValueError, match="number of KV heads 8"):   # 16 heads divide, 8 KV heads do not
+    with pytest.raises(ValueError, match="number of KV heads 8"):  # 16 heads divide, 8 KV heads do not
         divide(8, 16, "number of KV heads")
     assert divide(16, 16) == 1

@@ -5,6 +5,7 @@ hashes mean equal prefixes. A block is registered in the prefix cache only once 
 a freed block keeps its hash and contents until it is reallocated, so a later request can still hit it.
 Hits are confirmed token for token against collisions, and the last token of a sequence is never matched,
 so at least one token is always computed (its logits give the next token)."""
+
 import numpy as np
 import xxhash
 
@@ -12,7 +13,6 @@ from minivllm.engine.sequence import PENDING, Sequence
 
 
 class Block:
-
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_count = 0
@@ -21,15 +21,14 @@ class Block:
 
 
 class BlockManager:
-
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.hash_to_block_id: dict[int, int] = {}
-        self.free_block_ids: dict[int, None] = dict.fromkeys(range(num_blocks))   # an ordered set, oldest first
+        self.free_block_ids: dict[int, None] = dict.fromkeys(range(num_blocks))  # an ordered set, oldest first
         self.used_block_ids: set[int] = set()
-        self.num_prefix_hits = 0            # blocks reused from the prefix cache, for tests and stats
+        self.num_prefix_hits = 0  # blocks reused from the prefix cache, for tests and stats
 
     @staticmethod
     def compute_hash(token_ids: list[int], prefix: int = -1) -> int:
@@ -38,6 +37,10 @@ class BlockManager:
             h.update(prefix.to_bytes(8, "little"))
         h.update(np.array(token_ids, dtype=np.int64).tobytes())
         return h.intdigest()
+
+    def block_tokens(self, seq: Sequence, i: int) -> list[int]:
+        """The tokens of `seq` that block i of its table holds."""
+        return seq.token_ids[i * self.block_size : (i + 1) * self.block_size]
 
     @property
     def num_free_blocks(self) -> int:
@@ -51,9 +54,9 @@ class BlockManager:
         return block
 
     def _allocate_fresh(self) -> int:
-        block = self._take(next(iter(self.free_block_ids)))          # the oldest free block
+        block = self._take(next(iter(self.free_block_ids)))  # the oldest free block
         if block.hash != -1 and self.hash_to_block_id.get(block.hash) == block.block_id:
-            del self.hash_to_block_id[block.hash]                     # its old contents are gone now
+            del self.hash_to_block_id[block.hash]  # its old contents are gone now
         block.hash, block.token_ids = -1, []
         return block.block_id
 
@@ -62,8 +65,8 @@ class BlockManager:
         assert not seq.block_table, "allocate_prefix is for a sequence that holds no blocks"
         h = -1
         if self.enable_prefix_caching:
-            for i in range((seq.num_tokens - 1) // self.block_size):   # full blocks, never the last token
-                token_ids = seq.block(i)
+            for i in range((seq.num_tokens - 1) // self.block_size):  # full blocks, never the last token
+                token_ids = self.block_tokens(seq, i)
                 h = self.compute_hash(token_ids, h)
                 block_id = self.hash_to_block_id.get(h, -1)
                 if block_id == -1 or self.blocks[block_id].token_ids != token_ids:
@@ -97,8 +100,8 @@ class BlockManager:
             i = seq.num_hashed_blocks
             block = self.blocks[seq.block_table[i]]
             prefix = self.blocks[seq.block_table[i - 1]].hash if i > 0 else -1
-            token_ids = seq.block(i)
-            if PENDING in token_ids:                                   # not every token known yet
+            token_ids = self.block_tokens(seq, i)
+            if PENDING in token_ids:  # not every token known yet
                 break
             block.hash, block.token_ids = self.compute_hash(token_ids, prefix), token_ids
             self.hash_to_block_id.setdefault(block.hash, block.block_id)
@@ -110,6 +113,6 @@ class BlockManager:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.used_block_ids.remove(block_id)
-                self.free_block_ids[block_id] = None                  # newest free, reused last
+                self.free_block_ids[block_id] = None  # newest free, reused last
         seq.block_table.clear()
         seq.num_cached_tokens = seq.num_computed_tokens = seq.num_hashed_blocks = 0

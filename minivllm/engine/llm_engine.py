@@ -1,18 +1,19 @@
 """The engine loop (nano-vllm's llm_engine.py): add requests, step until done. Requests are validated at
 add_request, so a bad one is refused with a clear error and never enters the queue."""
+
 import atexit
 import time
 import weakref
 from dataclasses import dataclass, field
 
-import torch.multiprocessing as mp
 from tqdm import tqdm
 from transformers import AutoTokenizer, GenerationConfig
 
 from minivllm.config import Config
-from minivllm.engine.model_runner import ModelRunner, worker_main
+from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.sequence import Sequence
+from minivllm.engine.tp_workers import Workers
 from minivllm.sampling_params import SamplingParams
 from minivllm.utils.dist import free_port
 
@@ -20,6 +21,7 @@ from minivllm.utils.dist import free_port
 @dataclass(slots=True)
 class StepRecord:
     """Where one step's wall time went (host seconds; `run` includes the GPU work, which it waits for)."""
+
     is_prefill: bool
     num_seqs: int
     num_tokens: int
@@ -34,9 +36,9 @@ class RequestOutput:
     prompt_token_ids: list[int]
     text: str
     token_ids: list[int]
-    finish_reason: str            # "stop" (EOS or a stop token) or "length"
+    finish_reason: str  # "stop" (EOS or a stop token) or "length"
     request_id: int = -1
-    outputs: list = field(default_factory=list)   # vLLM's shape: outputs[0].text, filled with self
+    outputs: list = field(default_factory=list)  # vLLM's shape: outputs[0].text, filled with self
 
     def __post_init__(self) -> None:
         self.outputs = [self]
@@ -55,28 +57,24 @@ def eos_token_ids(model: str, tokenizer) -> list[int]:
 
 
 class LLMEngine:
-
     def __init__(self, model: str, **kwargs) -> None:
         config = Config.from_engine_args(model, **kwargs)
         self.config = config
-        Sequence.block_size = config.kvcache_block_size
-        self.processes, conns = [], []
         port = free_port()
-        ctx = mp.get_context("spawn")
-        for rank in range(1, config.tensor_parallel_size):
-            parent, child = ctx.Pipe()
-            process = ctx.Process(target=worker_main, args=(config, rank, port, child), daemon=True)
-            process.start()
-            self.processes.append(process)
-            conns.append(parent)
-        self.model_runner = ModelRunner(config, 0, port, conns)
+        self.workers = Workers(config, port) if config.tensor_parallel_size > 1 else None
+        try:
+            self.model_runner = ModelRunner(config, rank=0, port=port, workers=self.workers)
+        except BaseException:
+            if self.workers is not None:  # a failed start leaves no process behind
+                self.workers.exit(timeout=1)
+            raise
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         self.eos = eos_token_ids(model, self.tokenizer)
         self.scheduler = Scheduler(config, self.eos)
         self.vocab_size = config.hf_config.vocab_size
         self.prompts: dict[int, str | None] = {}
         self.step_log: list[StepRecord] = []
-        this = weakref.ref(self)                     # at exit, stop the workers of an engine still alive
+        this = weakref.ref(self)  # at exit, stop the workers of an engine still alive
         self._atexit = lambda: this() is not None and this().exit()
         atexit.register(self._atexit)
 
@@ -84,13 +82,11 @@ class LLMEngine:
         if getattr(self, "model_runner", None) is None:
             return
         atexit.unregister(self._atexit)
+        if self.workers is not None:
+            self.workers.exit()
+            self.workers = None
         self.model_runner.exit()
         self.model_runner = None
-        for p in self.processes:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.terminate()
-        self.processes = []
 
     # --- requests --------------------------------------------------------------------------------------
 
@@ -110,15 +106,20 @@ class LLMEngine:
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
         total = len(token_ids) + sp.max_tokens
         if total > c.max_model_len:
-            raise ValueError(f"prompt of {len(token_ids)} tokens + max_tokens {sp.max_tokens} = {total} exceeds "
-                             f"max_model_len {c.max_model_len}")
+            raise ValueError(
+                f"prompt of {len(token_ids)} tokens + max_tokens {sp.max_tokens} = {total} exceeds "
+                f"max_model_len {c.max_model_len}"
+            )
         blocks = (total + c.kvcache_block_size - 1) // c.kvcache_block_size
         if blocks > c.num_kvcache_blocks:
-            raise ValueError(f"prompt of {len(token_ids)} tokens + max_tokens {sp.max_tokens} needs {blocks} KV blocks; "
-                             f"the cache has only {c.num_kvcache_blocks}")
+            raise ValueError(
+                f"prompt of {len(token_ids)} tokens + max_tokens {sp.max_tokens} needs {blocks} KV blocks; "
+                f"the cache has only {c.num_kvcache_blocks}"
+            )
 
-    def add_request(self, prompt: str | list[int], sampling_params: SamplingParams,
-                    token_ids: list[int] | None = None) -> int:
+    def add_request(
+        self, prompt: str | list[int], sampling_params: SamplingParams, token_ids: list[int] | None = None
+    ) -> int:
         token_ids = token_ids if token_ids is not None else self.tokenize(prompt)
         self.check_request(token_ids, sampling_params)
         seq = Sequence(token_ids, sampling_params)
@@ -163,12 +164,21 @@ class LLMEngine:
         return self.scheduler.is_finished()
 
     def output(self, seq: Sequence) -> RequestOutput:
-        return RequestOutput(self.prompts.pop(seq.seq_id, None), seq.prompt_token_ids,
-                             self.tokenizer.decode(seq.completion_token_ids, skip_special_tokens=True),
-                             seq.completion_token_ids, seq.finish_reason, seq.seq_id)
+        return RequestOutput(
+            self.prompts.pop(seq.seq_id, None),
+            seq.prompt_token_ids,
+            self.tokenizer.decode(seq.completion_token_ids, skip_special_tokens=True),
+            seq.completion_token_ids,
+            seq.finish_reason,
+            seq.seq_id,
+        )
 
-    def generate(self, prompts: list[str] | list[list[int]] | str, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: list[str] | list[list[int]] | str,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         sampling_params = sampling_params if sampling_params is not None else SamplingParams()
@@ -183,12 +193,12 @@ class LLMEngine:
                 self.check_request(ids, sp)
             except (ValueError, TypeError) as e:
                 problems.append(f"prompt {i}: {e}")
-        if problems:                                  # refuse the batch before anything is queued
+        if problems:  # refuse the batch before anything is queued
             raise ValueError("; ".join(problems))
         seq_ids = [self.add_request(p, sp, ids) for p, sp, ids in zip(prompts, sampling_params, token_ids)]
         outputs: dict[int, RequestOutput] = {}
         pbar = tqdm(total=len(prompts), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
-        t0, tokens = time.perf_counter(), {True: 0, False: 0}          # computed tokens: prefill, decode
+        t0, tokens = time.perf_counter(), {True: 0, False: 0}  # computed tokens: prefill, decode
         for finished in self.run_until_done():
             for seq in finished:
                 outputs[seq.seq_id] = self.output(seq)
@@ -196,8 +206,9 @@ class LLMEngine:
             if use_tqdm:
                 record, dt = self.step_log[-1], max(time.perf_counter() - t0, 1e-9)
                 tokens[record.is_prefill] += record.num_tokens
-                pbar.set_postfix(prefill=f"{tokens[True] / dt:.0f}tok/s", decode=f"{tokens[False] / dt:.0f}tok/s",
-                                 refresh=False)
+                pbar.set_postfix(
+                    prefill=f"{tokens[True] / dt:.0f}tok/s", decode=f"{tokens[False] / dt:.0f}tok/s", refresh=False
+                )
         pbar.close()
         return [outputs[i] for i in seq_ids]
 
@@ -209,7 +220,7 @@ class LLMEngine:
         back only afterwards. The host work of a step hides behind the GPU work of the previous one. With
         tensor parallelism the workers need the tokens on the host, so each step waits for its own."""
         overlap = self.config.tensor_parallel_size == 1
-        in_flight = None                                       # a launched step whose tokens are not read yet
+        in_flight = None  # a launched step whose tokens are not read yet
         while not self.scheduler.is_finished() or in_flight:
             launched = self._launch() if not self.scheduler.is_finished() else None
             if launched is None and in_flight is None:

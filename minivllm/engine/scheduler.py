@@ -10,6 +10,7 @@ prefilled never starves them; (2) running sequences still prefilling get chunks 
 (3) waiting sequences are admitted FIFO while budgets and free blocks allow, after a prefix-cache lookup.
 When the KV cache is full, the newest running sequence is preempted: its blocks are freed, and it goes back
 to the front of the queue to be recomputed later (its generated tokens are kept)."""
+
 from collections import deque
 
 from minivllm.config import Config
@@ -18,17 +19,17 @@ from minivllm.engine.sequence import PENDING, Sequence, SequenceStatus
 
 
 class Scheduler:
-
     def __init__(self, config: Config, eos: list[int]) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_model_len = config.max_model_len
         self.eos = set(eos)
-        self.block_manager = BlockManager(config.num_kvcache_blocks, config.kvcache_block_size,
-                                          config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            config.num_kvcache_blocks, config.kvcache_block_size, config.enable_prefix_caching
+        )
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []        # in admission order: the last one is preempted first
-        self.finishing: list[Sequence] = []      # their last token is being sampled; nothing more to schedule
+        self.running: list[Sequence] = []  # in admission order: the last one is preempted first
+        self.finishing: list[Sequence] = []  # their last token is being sampled; nothing more to schedule
         self.num_preemptions = 0
 
     def is_finished(self) -> bool:
@@ -67,24 +68,24 @@ class Scheduler:
         for seq in decoding + prefilling:
             if budget == 0:
                 break
-            if seq.status != SequenceStatus.RUNNING:          # preempted for an earlier sequence this step
+            if seq.status != SequenceStatus.RUNNING:  # preempted for an earlier sequence this step
                 continue
             n = self._fit(seq, budget)
             if n:
                 budget -= n
                 scheduled.append(seq)
         scheduled = [s for s in scheduled if s.status == SequenceStatus.RUNNING]
-        if self.num_preemptions > num_preemptions:              # the cache is full: admit no one this step
-            return scheduled                                    # (vLLM's rule; else a preempted prefill thrashes)
+        if self.num_preemptions > num_preemptions:  # the cache is full: admit no one this step
+            return scheduled  # (vLLM's rule; else a preempted prefill thrashes)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if seq.token_ids[-1] == PENDING:                    # preempted while its token was in flight
+            if seq.token_ids[-1] == PENDING:  # preempted while its token was in flight
                 break
             self.block_manager.allocate_prefix(seq)
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.block_manager.can_grow(seq, seq.num_computed_tokens + n):
-                self.block_manager.num_prefix_hits -= len(seq.block_table)   # not reused after all
-                self.block_manager.deallocate(seq)              # wait until blocks free up
+                self.block_manager.num_prefix_hits -= len(seq.block_table)  # not reused after all
+                self.block_manager.deallocate(seq)  # wait until blocks free up
                 break
             self.block_manager.grow(seq, seq.num_computed_tokens + n)
             seq.num_scheduled_tokens = n
@@ -104,22 +105,24 @@ class Scheduler:
         for seq in seqs:
             seq.num_computed_tokens += seq.num_scheduled_tokens
             seq.num_scheduled_tokens = 0
-            if seq.num_computed_tokens < seq.num_tokens:       # a prefill chunk: no token sampled yet
+            if seq.num_computed_tokens < seq.num_tokens:  # a prefill chunk: no token sampled yet
                 continue
             sampled.append((seq, seq.num_tokens))
             seq.append_token(PENDING)
             if seq.num_completion_tokens >= seq.sampling_params.max_tokens or seq.num_tokens >= self.max_model_len:
-                self.running.remove(seq)                        # done after this token: never schedule again
+                self.running.remove(seq)  # done after this token: never schedule again
                 self.finishing.append(seq)
         return sampled
 
-    def on_result(self, seqs: list[Sequence], sampled: list[tuple[Sequence, int]], token_ids: list[int]) -> list[Sequence]:
+    def on_result(
+        self, seqs: list[Sequence], sampled: list[tuple[Sequence, int]], token_ids: list[int]
+    ) -> list[Sequence]:
         """The step's sampled tokens (one per row of `seqs`) arrived: fill the placeholders, finish sequences
         on EOS / stop tokens / length. Returns the sequences that finished."""
         rows = {id(s): i for i, s in enumerate(seqs)}
         finished = []
         for seq, pos in sampled:
-            if seq.is_finished:                                 # stopped at an earlier token: discard this one
+            if seq.is_finished:  # stopped at an earlier token: discard this one
                 continue
             token_id = token_ids[rows[id(seq)]]
             seq.token_ids[pos] = token_id
@@ -132,7 +135,7 @@ class Scheduler:
             elif pos + 1 - seq.num_prompt_tokens >= sp.max_tokens or pos + 1 >= self.max_model_len:
                 seq.finish_reason = "length"
             if seq.finish_reason:
-                del seq.token_ids[pos + 1:]                    # a placeholder of a step launched after this one
+                del seq.token_ids[pos + 1 :]  # a placeholder of a step launched after this one
                 seq.num_tokens = pos + 1
                 seq.status = SequenceStatus.FINISHED
                 self.block_manager.deallocate(seq)
@@ -141,7 +144,3 @@ class Scheduler:
                         queue.remove(seq)
                 finished.append(seq)
         return finished
-
-    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
-        """Synchronous form of on_launch + on_result: account the step, append its tokens, finish sequences."""
-        return self.on_result(seqs, self.on_launch(seqs), token_ids)

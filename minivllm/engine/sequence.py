@@ -1,12 +1,13 @@
-"""A request as the engine sees it: its tokens, how many have KV in the cache, and its block table."""
+"""A request as the engine sees it: its tokens, how many have KV in the cache, and its block table (the
+block manager owns the block size: a sequence does not need it)."""
+
 from copy import copy
 from enum import Enum, auto
 from itertools import count
 
 from minivllm.sampling_params import SamplingParams
 
-
-PENDING = -1    # placeholder for a token still being sampled on the GPU (filled in one step later)
+PENDING = -1  # placeholder for a token still being sampled on the GPU (filled in one step later)
 
 
 class SequenceStatus(Enum):
@@ -16,23 +17,22 @@ class SequenceStatus(Enum):
 
 
 class Sequence:
-    block_size = 256
-    counter = count()
+    counter = count()  # ids are unique in the process (any engine)
 
-    def __init__(self, token_ids: list[int], sampling_params: SamplingParams = SamplingParams()) -> None:
+    def __init__(self, token_ids: list[int], sampling_params: SamplingParams | None = None) -> None:
         self.seq_id = next(Sequence.counter)
         self.status = SequenceStatus.WAITING
         self.token_ids = copy(token_ids)
         self.last_token = token_ids[-1]
         self.num_tokens = len(self.token_ids)
         self.num_prompt_tokens = len(token_ids)
-        self.num_cached_tokens = 0       # prompt tokens found in the prefix cache at admission
-        self.num_computed_tokens = 0     # tokens whose K/V are in the cache
-        self.num_scheduled_tokens = 0    # tokens this step computes
-        self.num_hashed_blocks = 0       # leading full blocks registered in the prefix cache
-        self.sample_row = -1             # row of this sequence in the last launched step (its pending token)
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at admission
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.num_scheduled_tokens = 0  # tokens this step computes
+        self.num_hashed_blocks = 0  # leading full blocks registered in the prefix cache
+        self.sample_row = -1  # row of this sequence in the last launched step (its pending token)
         self.block_table: list[int] = []
-        self.sampling_params = sampling_params
+        self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
         self.finish_reason: str | None = None
 
     def __len__(self) -> int:
@@ -51,18 +51,11 @@ class Sequence:
 
     @property
     def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[:self.num_prompt_tokens]
+        return self.token_ids[: self.num_prompt_tokens]
 
     @property
     def completion_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
-
-    @property
-    def num_blocks(self) -> int:
-        return (self.num_tokens + self.block_size - 1) // self.block_size
-
-    def block(self, i: int) -> list[int]:
-        return self.token_ids[i * self.block_size: (i + 1) * self.block_size]
+        return self.token_ids[self.num_prompt_tokens :]
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -1,4 +1,5 @@
-"""SwiGLU's activation over the merged gate/up projection (seed 000 section 4)."""
+"""SwiGLU's activation over the merged gate/up projection (notebook 03)."""
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -7,8 +8,7 @@ from minivllm.utils.compile import compiled
 
 
 class SiluAndMul(nn.Module):
-
     @compiled
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = x.chunk(2, dim=-1)       # (N, 2I) -> 2 x (N, I): front half gate, back half up
-        return F.silu(gate) * up            # (N, I)
+        gate, up = x.chunk(2, dim=-1)  # (N, 2I) -> 2 x (N, I): front half gate, back half up
+        return F.silu(gate) * up  # (N, I)

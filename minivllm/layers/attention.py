@@ -1,46 +1,96 @@
-"""The attention layer (seed 000 section 7, seed 002 section 5): write the new K/V into the paged cache,
-then one of three paths: prefill over fresh K/V, prefill over the paged cache (a cached prefix or a later
-chunk: q shorter than k), or decode (one query per sequence)."""
+"""The attention layer: write the new K/V into the paged cache, then one of three paths: prefill over fresh
+K/V, prefill over the paged cache (a cached prefix or a later chunk: q shorter than k), or decode (one
+query per sequence). Notebook 08 builds it; notebook 07 the online softmax the kernels use.
+
+The layer owns the cache write on both of its paths: `forward(q, k, v)` stores k/v itself (nano-vllm's
+path), and `forward_fused(qkv, ...)` runs the fused prologue kernel (QK-norm, RoPE and the store in one
+launch, GPU), so the model never touches the cache or the step context."""
+
 import torch
 from torch import nn
 
-from minivllm.layers import attention_backend
+from minivllm.layers import attention_backend, attention_prologue
 from minivllm.layers.store_kvcache import store_kvcache
 from minivllm.layers.torch_attention import store_kvcache_torch
-from minivllm.utils.context import get_context
+from minivllm.utils.context import Context, get_context
 
 
 class Attention(nn.Module):
-
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.scale = scale
         self.num_kv_heads = num_kv_heads
-        self.k_cache = self.v_cache = torch.tensor([])   # (num_blocks, block_size, kv_heads, head_dim), set by the runner
-        self.backend: str | None = None                  # chosen on first call, see attention_backend
+        self.k_cache = self.v_cache = torch.tensor(
+            []
+        )  # (num_blocks, block_size, kv_heads, head_dim), set by the runner
+        self.backend: str | None = None  # set by the runner (Config.attention_backend); None: fastest available
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, stored: bool = False) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: (N, num_heads, head_dim), k/v: (N, num_kv_heads, head_dim) -> (N, num_heads, head_dim)
-        # stored: k/v are already in the cache (the fused attention_prologue kernel wrote them)
         context = get_context()
-        k_cache, v_cache = self.k_cache, self.v_cache
+        if self.k_cache.numel() and self.v_cache.numel():  # Triton on GPU; index assignment on CPU
+            store = store_kvcache if self.k_cache.is_cuda else store_kvcache_torch
+            store(k, v, self.k_cache, self.v_cache, context.slot_mapping)
+        return self.attend(q, k, v, context)
+
+    def fuses_prologue(self, qkv: torch.Tensor) -> bool:
+        return attention_prologue.enabled(qkv)
+
+    def forward_fused(
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        q_norm: nn.Module | None,
+        k_norm: nn.Module | None,
+    ) -> torch.Tensor:
+        """From the QKV projection's output (N, (H + 2 Hkv) * D): QK-norm (when given), RoPE and the cache
+        write in one kernel (layers/attention_prologue.py), then attention -> (N, num_heads, head_dim)."""
+        context = get_context()
+        q, k, v = attention_prologue.attention_prologue(
+            qkv,
+            positions,
+            cos_sin_cache,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            q_weight=q_norm.weight if q_norm is not None else None,
+            k_weight=k_norm.weight if k_norm is not None else None,
+            eps=q_norm.eps if q_norm is not None else 0.0,
+            k_cache=self.k_cache,
+            v_cache=self.v_cache,
+            slot_mapping=context.slot_mapping,
+        )
+        return self.attend(q, k, v, context)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: Context) -> torch.Tensor:
+        """Attention for this step, the new K/V already in the cache."""
         backend = self.backend or attention_backend.select(q.device, q.dtype)
-        if k_cache.numel() and v_cache.numel() and not stored:   # Triton on GPU; index assignment on CPU
-            store = store_kvcache if k_cache.is_cuda else store_kvcache_torch
-            store(k, v, k_cache, v_cache, context.slot_mapping)
+        k_cache, v_cache = self.k_cache, self.v_cache
         if context.is_prefill:
-            if context.block_tables is not None:           # keys come from the cache: q is shorter than k
+            if context.block_tables is not None:  # keys come from the cache: q is shorter than k
                 return attention_backend.prefill_paged(
-                    backend, q, k_cache, v_cache, context.cu_seqlens_q, context.cu_seqlens_k, context.max_seqlen_q,
-                    context.max_seqlen_k, context.context_lens, self.tables(backend, context), self.scale)
+                    backend,
+                    q,
+                    k_cache,
+                    v_cache,
+                    cu_seqlens_q=context.cu_seqlens_q,
+                    cu_seqlens_k=context.cu_seqlens_k,
+                    max_seqlen_q=context.max_seqlen_q,
+                    max_seqlen_k=context.max_seqlen_k,
+                    context_lens=context.context_lens,
+                    block_tables=self.tables(backend, context),
+                    scale=self.scale,
+                )
             return attention_backend.prefill(backend, q, k, v, context.cu_seqlens_q, context.max_seqlen_q, self.scale)
-        return attention_backend.decode(backend, q, k_cache, v_cache, context.context_lens, self.tables(backend, context),
-                                        self.scale)
+        return attention_backend.decode(
+            backend, q, k_cache, v_cache, context.context_lens, self.tables(backend, context), self.scale
+        )
 
     @staticmethod
-    def tables(backend: str, context) -> torch.Tensor:
+    def tables(backend: str, context: Context) -> torch.Tensor:
         """The flash kernels read every table entry: they get the -1 padding mapped to block 0, made once per
         step (not once per layer); the torch path checks the -1 padded tables itself."""
         return context.block_tables if backend == "torch" else context.page_table()

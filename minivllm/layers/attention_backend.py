@@ -3,11 +3,14 @@
 - "flash_attn": the flash-attn package (FA2), nano-vllm's two calls;
 - "fa4": FlashAttention-4 (`flash_attn.cute`), on SM90+ (the H200);
 - "torch": plain torch over the same paged cache, on any device (CPU users and CI).
-`set_backend(name)` or MINIVLLM_ATTENTION_BACKEND forces one; None picks the fastest available.
+An engine asks `select(device, dtype, Config.attention_backend)` once: a name forces that backend, None
+picks the fastest available. The runner hands the answer to each Attention layer, so two engines in one
+process can use different backends.
 
 Decode with the flash backends runs our Triton kernel (paged_decode.py: GQA-grouped, split-KV for small
-batches) unless `set_decode_kernel("flash")` or MINIVLLM_DECODE_KERNEL=flash asks for the backend's own."""
-import os
+batches) unless the `decode_kernel` switch (`utils/switches.py`, MINIVLLM_DECODE_KERNEL=flash) asks for the
+backend's own."""
+
 import warnings
 from functools import lru_cache
 
@@ -15,35 +18,16 @@ import torch
 
 from minivllm.layers import torch_attention
 from minivllm.layers.paged_decode import paged_decode
+from minivllm.utils.switches import SWITCHES
 
 BACKENDS = ("flash_attn", "fa4", "torch")
-DECODE_KERNELS = ("triton", "flash")
-_override_impl: str | None = os.environ.get("MINIVLLM_ATTENTION_BACKEND") or None
-_decode_kernel: str = os.environ.get("MINIVLLM_DECODE_KERNEL") or "triton"
-
-
-def decode_kernel() -> str:
-    return _decode_kernel
-
-
-def set_decode_kernel(name: str) -> None:
-    global _decode_kernel
-    if name not in DECODE_KERNELS:
-        raise ValueError(f"unknown decode kernel {name!r}; choose from {DECODE_KERNELS}")
-    _decode_kernel = name
-
-
-def set_backend(name: str | None) -> None:
-    global _override_impl
-    if name is not None and name not in BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; choose from {BACKENDS}")
-    _override_impl = name
 
 
 @lru_cache(None)
 def _fa2():
     try:
         from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+
         return flash_attn_varlen_func, flash_attn_with_kvcache
     except ImportError:
         return None
@@ -55,11 +39,15 @@ def _fa4():
         return None
     try:
         from flash_attn.cute import flash_attn_varlen_func
+
         return flash_attn_varlen_func
-    except Exception as e:         # not installed, or installed without its CUTLASS libraries (a RuntimeError)
+    except Exception as e:  # not installed, or installed without its CUTLASS libraries (a RuntimeError)
         if not isinstance(e, ImportError):
-            warnings.warn(f"FlashAttention-4 is installed but does not import ({type(e).__name__}: {e}); "
-                          "using the other attention backends")
+            warnings.warn(
+                f"FlashAttention-4 is installed but does not import ({type(e).__name__}: {e}); "
+                "using the other attention backends",
+                stacklevel=2,
+            )
         return None
 
 
@@ -70,51 +58,122 @@ def available(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -
     return [name for name, ok in (("fa4", _fa4()), ("flash_attn", _fa2())) if ok] + ["torch"]
 
 
-def select(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> str:
-    if _override_impl is not None:
-        if _override_impl not in available(device, dtype):
-            raise RuntimeError(f"attention backend {_override_impl!r} is not available on {device} for {dtype}")
-        return _override_impl
-    return available(device, dtype)[0]
+def select(device: torch.device | str, dtype: torch.dtype = torch.bfloat16, name: str | None = None) -> str:
+    """The backend to use: `name` if given (an error if it cannot run here), else the fastest available."""
+    if name is None:
+        return available(device, dtype)[0]
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose from {BACKENDS}")
+    if name not in available(device, dtype):
+        raise RuntimeError(f"attention backend {name!r} is not available on {device} for {dtype}")
+    return name
+
+
+def decode_kernel(backend: str) -> str:
+    """Which kernel runs decode attention for `backend`: the flash backends decode with our Triton kernel
+    unless the `decode_kernel` switch says "flash"."""
+    return SWITCHES.decode_kernel if backend in ("fa4", "flash_attn") else backend
 
 
 # --- the three calls the Attention layer makes -------------------------------------------------------
 
+
 def prefill(backend: str, q, k, v, cu_seqlens, max_seqlen: int, scale: float) -> torch.Tensor:
     """Fresh K/V, packed by cu_seqlens: q (N, H, D), k/v (N, Hkv, D) -> (N, H, D)."""
     if backend == "fa4":
-        return _fa4()(q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
-                      max_seqlen_k=max_seqlen, softmax_scale=scale, causal=True)[0]
+        return _fa4()(
+            q,
+            k,
+            v,
+            cu_seqlens_q=cu_seqlens,
+            cu_seqlens_k=cu_seqlens,
+            max_seqlen_q=max_seqlen,
+            max_seqlen_k=max_seqlen,
+            softmax_scale=scale,
+            causal=True,
+        )[0]
     if backend == "flash_attn":
-        return _fa2()[0](q, k, v, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max_seqlen,
-                         max_seqlen_k=max_seqlen, softmax_scale=scale, causal=True)
+        return _fa2()[0](
+            q,
+            k,
+            v,
+            cu_seqlens_q=cu_seqlens,
+            cu_seqlens_k=cu_seqlens,
+            max_seqlen_q=max_seqlen,
+            max_seqlen_k=max_seqlen,
+            softmax_scale=scale,
+            causal=True,
+        )
     return torch_attention.varlen_attention(q, k, v, cu_seqlens, scale)
 
 
-def prefill_paged(backend: str, q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
-                  max_seqlen_k: int, context_lens, block_tables, scale: float) -> torch.Tensor:
+def prefill_paged(
+    backend: str,
+    q,
+    k_cache,
+    v_cache,
+    *,
+    cu_seqlens_q,
+    cu_seqlens_k,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    context_lens,
+    block_tables,
+    scale: float,
+) -> torch.Tensor:
     """Queries are the new tokens, keys come from the cache through block tables (prefix hit / chunk).
     block_tables (S, M) int32: the torch backend takes -1 padding; the flash kernels read every entry and
     need valid block ids there (the layer passes `Context.page_table()`, padding mapped to block 0)."""
     if backend == "fa4":
-        return _fa4()(q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
-                      seqused_k=context_lens, page_table=block_tables, softmax_scale=scale,
-                      causal=True)[0]
+        return _fa4()(
+            q,
+            k_cache,
+            v_cache,
+            cu_seqlens_q=cu_seqlens_q,
+            max_seqlen_q=max_seqlen_q,
+            seqused_k=context_lens,
+            page_table=block_tables,
+            softmax_scale=scale,
+            causal=True,
+        )[0]
     if backend == "flash_attn":
-        return _fa2()[0](q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                         max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=scale,
-                         causal=True, block_table=block_tables)
+        return _fa2()[0](
+            q,
+            k_cache,
+            v_cache,
+            cu_seqlens_q=cu_seqlens_q,
+            cu_seqlens_k=cu_seqlens_k,
+            max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k,
+            softmax_scale=scale,
+            causal=True,
+            block_table=block_tables,
+        )
     return torch_attention.paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale)
 
 
 def decode(backend: str, q, k_cache, v_cache, context_lens, block_tables, scale: float) -> torch.Tensor:
     """One query per sequence: q (B, H, D) -> (B, H, D). block_tables as in prefill_paged."""
-    if backend in ("fa4", "flash_attn") and _decode_kernel == "triton":
+    if decode_kernel(backend) == "triton":
         return paged_decode(q, k_cache, v_cache, context_lens, block_tables, scale)
     if backend == "fa4":
-        return _fa4()(q.unsqueeze(1), k_cache, v_cache, seqused_k=context_lens,
-                      page_table=block_tables, softmax_scale=scale, causal=True)[0].squeeze(1)
+        return _fa4()(
+            q.unsqueeze(1),
+            k_cache,
+            v_cache,
+            seqused_k=context_lens,
+            page_table=block_tables,
+            softmax_scale=scale,
+            causal=True,
+        )[0].squeeze(1)
     if backend == "flash_attn":
-        return _fa2()[1](q.unsqueeze(1), k_cache, v_cache, cache_seqlens=context_lens, block_table=block_tables,
-                         softmax_scale=scale, causal=True).squeeze(1)
+        return _fa2()[1](
+            q.unsqueeze(1),
+            k_cache,
+            v_cache,
+            cache_seqlens=context_lens,
+            block_table=block_tables,
+            softmax_scale=scale,
+            causal=True,
+        ).squeeze(1)
     return torch_attention.paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale)

@@ -1,5 +1,6 @@
 """Vocab-parallel embedding (mask + all_reduce) and LM head (last token per sequence in prefill, gather
-to rank 0), seed 000 section 6."""
+to rank 0); notebook 05."""
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -10,7 +11,6 @@ from minivllm.utils.dist import divide, tp_rank, tp_size
 
 
 class VocabParallelEmbedding(nn.Module):
-
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         super().__init__()
         self.tp_rank = tp_rank()
@@ -24,28 +24,32 @@ class VocabParallelEmbedding(nn.Module):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         shard_size = param.data.size(0)
-        if loaded_weight.size(0) != self.num_embeddings:         # narrow() would cut a longer vocabulary silently
-            raise ValueError(f"{type(self).__name__}: checkpoint shape {tuple(loaded_weight.shape)} has "
-                             f"{loaded_weight.size(0)} rows, expected vocabulary size {self.num_embeddings}")
+        if loaded_weight.size(0) != self.num_embeddings:  # narrow() would cut a longer vocabulary silently
+            raise ValueError(
+                f"{type(self).__name__}: checkpoint shape {tuple(loaded_weight.shape)} has "
+                f"{loaded_weight.size(0)} rows, expected vocabulary size {self.num_embeddings}"
+            )
         loaded_weight = loaded_weight.narrow(0, self.tp_rank * shard_size, shard_size)
         if tuple(param.shape) != tuple(loaded_weight.shape):
-            raise ValueError(f"{type(self).__name__}: checkpoint shape {tuple(loaded_weight.shape)} does not match {tuple(param.shape)}")
+            raise ValueError(
+                f"{type(self).__name__}: checkpoint shape {tuple(loaded_weight.shape)} "
+                f"does not match {tuple(param.shape)}"
+            )
         param.data.copy_(loaded_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (N,) token ids -> (N, embedding_dim)
         if self.tp_size > 1:
-            mask = (x >= self.vocab_start_idx) & (x < self.vocab_end_idx)   # tokens this rank owns
-            x = mask * (x - self.vocab_start_idx)                           # local ids, others -> 0
+            mask = (x >= self.vocab_start_idx) & (x < self.vocab_end_idx)  # tokens this rank owns
+            x = mask * (x - self.vocab_start_idx)  # local ids, others -> 0
         y = F.embedding(x, self.weight)
         if self.tp_size > 1:
-            y = mask.unsqueeze(1) * y                                       # zero rows we do not own
-            dist.all_reduce(y)                                              # exactly one rank is non-zero
+            y = mask.unsqueeze(1) * y  # zero rows we do not own
+            dist.all_reduce(y)  # exactly one rank is non-zero
         return y
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-
     def __init__(self, num_embeddings: int, embedding_dim: int, bias: bool = False) -> None:
         if bias:
             raise NotImplementedError("ParallelLMHead: bias is not supported")
@@ -54,11 +58,11 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, x: torch.Tensor) -> torch.Tensor | None:
         context = get_context()
         if context.is_prefill:
-            last_indices = context.cu_seqlens_q[1:] - 1        # last token of each sequence
-            x = x[last_indices].contiguous()                   # (num_seqs, hidden)
-        logits = F.linear(x, self.weight)                      # (num_seqs, vocab / tp)
+            last_indices = context.cu_seqlens_q[1:] - 1  # last token of each sequence
+            x = x[last_indices].contiguous()  # (num_seqs, hidden)
+        logits = F.linear(x, self.weight)  # (num_seqs, vocab / tp)
         if self.tp_size > 1:
             all_logits = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
             dist.gather(logits, all_logits, 0)
-            logits = torch.cat(all_logits, -1) if self.tp_rank == 0 else None   # (num_seqs, vocab) on rank 0
+            logits = torch.cat(all_logits, -1) if self.tp_rank == 0 else None  # (num_seqs, vocab) on rank 0
         return logits

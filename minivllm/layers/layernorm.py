@@ -1,4 +1,5 @@
-"""RMSNorm, plain and with the residual add fused in (seed 000 section 2)."""
+"""RMSNorm, plain and with the residual add fused in (notebook 01)."""
+
 import torch
 from torch import nn
 
@@ -16,7 +17,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch
 
 
 class RMSNorm(nn.Module):
-
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps
@@ -29,8 +29,8 @@ class RMSNorm(nn.Module):
     @compiled
     def add_rms_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         orig_dtype = x.dtype
-        x = x.float() + residual.float()                # residual add in fp32
-        residual = x.to(orig_dtype)                     # the new residual is the sum
+        x = x.float() + residual.float()  # residual add in fp32
+        residual = x.to(orig_dtype)  # the new residual is the sum
         return rms_norm(x, self.weight, self.eps, orig_dtype), residual
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):

@@ -1,6 +1,7 @@
-"""The parallel Linear family (seed 000 section 5): Column shards the output dim, Row shards the input
+"""The parallel Linear family (notebook 04): Column shards the output dim, Row shards the input
 dim and all_reduces; QKV and Merged are Column layers that pack several HF weights into one matrix.
 Each parameter carries a `weight_loader(param, loaded_weight[, shard_id])` that the loader calls."""
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -11,18 +12,21 @@ from minivllm.utils.dist import divide, tp_rank, tp_size
 
 def _check_shape(param: nn.Parameter, loaded: torch.Tensor, what: str) -> None:
     if tuple(param.shape) != tuple(loaded.shape):
-        raise ValueError(f"{what}: checkpoint shape {tuple(loaded.shape)} does not match parameter shard shape {tuple(param.shape)}")
+        raise ValueError(
+            f"{what}: checkpoint shape {tuple(loaded.shape)} does not match parameter shard shape {tuple(param.shape)}"
+        )
 
 
 def _check_split(loaded: torch.Tensor, dim: int, shard_size: int, tp: int, what: str) -> None:
     """Before narrow(): a checkpoint dim longer than tp shards would otherwise be cut silently."""
     if loaded.size(dim) != shard_size * tp:
-        raise ValueError(f"{what}: checkpoint shape {tuple(loaded.shape)} has {loaded.size(dim)} along dim {dim}, "
-                         f"expected {tp} x {shard_size}")
+        raise ValueError(
+            f"{what}: checkpoint shape {tuple(loaded.shape)} has {loaded.size(dim)} along dim {dim}, "
+            f"expected {tp} x {shard_size}"
+        )
 
 
 class LinearBase(nn.Module):
-
     def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_dim: int | None = None) -> None:
         super().__init__()
         self.tp_dim = tp_dim
@@ -38,12 +42,13 @@ class LinearBase(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.weight.shape[1]:
-            raise ValueError(f"{type(self).__name__}: input last dim {x.shape[-1]} != in_features {self.weight.shape[1]}")
+            raise ValueError(
+                f"{type(self).__name__}: input last dim {x.shape[-1]} != in_features {self.weight.shape[1]}"
+            )
         return F.linear(x, self.weight, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
-
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         _check_shape(param, loaded_weight, type(self).__name__)
         param.data.copy_(loaded_weight)
@@ -82,8 +87,14 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 class QKVParallelLinear(ColumnParallelLinear):
     """q, k and v projections in one matrix, sharded by head; string shard ids "q", "k", "v"."""
 
-    def __init__(self, hidden_size: int, head_size: int, total_num_heads: int,
-                 total_num_kv_heads: int | None = None, bias: bool = False) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        head_size: int,
+        total_num_heads: int,
+        total_num_kv_heads: int | None = None,
+        bias: bool = False,
+    ) -> None:
         total_num_kv_heads = total_num_kv_heads or total_num_heads
         self.head_size = head_size
         self.num_heads = divide(total_num_heads, tp_size(), "number of attention heads")
@@ -93,7 +104,9 @@ class QKVParallelLinear(ColumnParallelLinear):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: str) -> None:
         q_size, kv_size = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
-        shard_offset, shard_size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[loaded_shard_id]
+        shard_offset, shard_size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[
+            loaded_shard_id
+        ]
         param_data = param.data.narrow(self.tp_dim, shard_offset, shard_size)
         loaded_weight = loaded_weight.chunk(self.tp_size, self.tp_dim)[self.tp_rank]
         _check_shape(param_data, loaded_weight, f"{type(self).__name__}[{loaded_shard_id}]")
@@ -116,8 +129,10 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.weight.shape[1]:
-            raise ValueError(f"RowParallelLinear: input last dim {x.shape[-1]} != in_features shard {self.weight.shape[1]}")
-        y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)   # bias once, on rank 0
+            raise ValueError(
+                f"RowParallelLinear: input last dim {x.shape[-1]} != in_features shard {self.weight.shape[1]}"
+            )
+        y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)  # bias once, on rank 0
         if self.tp_size > 1:
             dist.all_reduce(y)
         return y

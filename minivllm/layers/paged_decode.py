@@ -7,6 +7,7 @@ context (flash-decoding): each split writes a partial result with its log-sum-ex
 combines them, so a few long sequences still keep every SM busy. Why not FlashAttention-4 here: its decode
 path costs a fixed ~0.3 us per sequence and layer even at context 1 and has no split-KV on SM90
 (benchmarks/NOTES.md)."""
+
 import torch
 import triton
 import triton.language as tl
@@ -15,44 +16,64 @@ from minivllm.utils import pdl
 
 
 @triton.jit
-def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, lse_ptr,
-                        scale, table_stride, NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
-                        PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                        SPLITS: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr):
-    if PDL:                                                     # utils/pdl.py
+def paged_decode_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    out_ptr,
+    lse_ptr,
+    scale,
+    table_stride,
+    NUM_KV_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    IEEE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    if PDL:  # utils/pdl.py
         pdl.wait()
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     ctx = tl.load(context_lens_ptr + b)
-    g = tl.arange(0, BLOCK_G)                                   # query heads kvh * GROUP + g, g < GROUP
+    g = tl.arange(0, BLOCK_G)  # query heads kvh * GROUP + g, g < GROUP
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
     heads = kvh * GROUP + g
-    q = tl.load(q_ptr + (b * NUM_KV_HEADS * GROUP + heads)[:, None] * D + d[None, :],
-                mask=(g[:, None] < GROUP) & (d[None, :] < D), other=0.0)                    # (BLOCK_G, BLOCK_D)
+    q = tl.load(
+        q_ptr + (b * NUM_KV_HEADS * GROUP + heads)[:, None] * D + d[None, :],
+        mask=(g[:, None] < GROUP) & (d[None, :] < D),
+        other=0.0,
+    )  # (BLOCK_G, BLOCK_D)
     # this split's keys: [start, end), a multiple of BLOCK_N long
     chunk = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, ctx)
-    m = tl.full((BLOCK_G,), -float("inf"), tl.float32)          # running max of the scores (base 2)
-    l = tl.zeros((BLOCK_G,), tl.float32)                        # running sum of exp2(score - m)
-    acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)              # running sum of p * v
-    qk_scale = scale * 1.4426950408889634                       # exp(x) = exp2(x * log2(e))
+    m = tl.full((BLOCK_G,), -float("inf"), tl.float32)  # running max of the scores (base 2)
+    l = tl.zeros((BLOCK_G,), tl.float32)  # running sum of exp2(score - m)
+    acc = tl.zeros((BLOCK_G, BLOCK_D), tl.float32)  # running sum of p * v
+    qk_scale = scale * 1.4426950408889634  # exp(x) = exp2(x * log2(e))
     for n0 in range(start, end, BLOCK_N):
-        tok = n0 + n                                                                        # (BLOCK_N,)
+        tok = n0 + n  # (BLOCK_N,)
         valid = tok < end
         page = tl.load(block_tables_ptr + b * table_stride + tok // PAGE, mask=valid, other=0).to(tl.int64)
-        row = (page * PAGE + tok % PAGE) * NUM_KV_HEADS + kvh                              # cache row of (token, kvh)
-        kv_offs = row[:, None] * D + d[None, :]                                             # (BLOCK_N, BLOCK_D)
+        row = (page * PAGE + tok % PAGE) * NUM_KV_HEADS + kvh  # cache row of (token, kvh)
+        kv_offs = row[:, None] * D + d[None, :]  # (BLOCK_N, BLOCK_D)
         kv_mask = valid[:, None] & (d[None, :] < D)
         k = tl.load(k_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + kv_offs, mask=kv_mask, other=0.0)
-        if IEEE:                                                # fp32 model, or the CPU interpreter
+        if IEEE:  # fp32 model, or the CPU interpreter
             s = tl.dot(q.to(tl.float32), tl.trans(k).to(tl.float32), input_precision="ieee")  # (BLOCK_G, BLOCK_N)
         else:
             s = tl.dot(q, tl.trans(k))
         s = tl.where(valid[None, :], s * qk_scale, -float("inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)                              # rescale what was summed under the old max
+        alpha = tl.exp2(m - m_new)  # rescale what was summed under the old max
         p = tl.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         if IEEE:
@@ -62,30 +83,41 @@ def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, conte
         m = m_new
     if PDL:
         pdl.launch_dependents()
-    out = acc / tl.where(l > 0, l, 1.0)[:, None]                # an empty split or context: zeros
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]  # an empty split or context: zeros
     o_mask = (g[:, None] < GROUP) & (d[None, :] < D)
     o_offs = ((b * NUM_KV_HEADS * GROUP + heads)[:, None] * SPLITS + split) * D + d[None, :]
     tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=o_mask)
-    if SPLITS > 1:                                              # log-sum-exp (base 2) of this split's scores
+    if SPLITS > 1:  # log-sum-exp (base 2) of this split's scores
         lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), -float("inf"))
         tl.store(lse_ptr + (b * NUM_KV_HEADS * GROUP + heads) * SPLITS + split, lse, mask=g < GROUP)
 
 
 @triton.jit
-def combine_splits_kernel(partial_ptr, lse_ptr, out_ptr, D: tl.constexpr, SPLITS: tl.constexpr,
-                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr):
+def combine_splits_kernel(
+    partial_ptr,
+    lse_ptr,
+    out_ptr,
+    D: tl.constexpr,
+    SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
+):
     """One program per (sequence, head): out = sum_s w_s * partial_s with w = softmax over splits of lse_s."""
     if PDL:
         pdl.wait()
     bh = tl.program_id(0)
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    lse = tl.load(lse_ptr + bh * SPLITS + s, mask=s < SPLITS, other=-float("inf"))           # (BLOCK_S,)
+    lse = tl.load(lse_ptr + bh * SPLITS + s, mask=s < SPLITS, other=-float("inf"))  # (BLOCK_S,)
     top = tl.max(lse, axis=0)
     w = tl.where(lse > -float("inf"), tl.exp2(lse - top), 0.0)
-    w = w / tl.maximum(tl.sum(w, axis=0), 1e-30)                # all splits empty (context 0): zeros
-    part = tl.load(partial_ptr + (bh * SPLITS + s[:, None]) * D + d[None, :],
-                   mask=(s[:, None] < SPLITS) & (d[None, :] < D), other=0.0).to(tl.float32)   # (BLOCK_S, BLOCK_D)
+    w = w / tl.maximum(tl.sum(w, axis=0), 1e-30)  # all splits empty (context 0): zeros
+    part = tl.load(
+        partial_ptr + (bh * SPLITS + s[:, None]) * D + d[None, :],
+        mask=(s[:, None] < SPLITS) & (d[None, :] < D),
+        other=0.0,
+    ).to(tl.float32)  # (BLOCK_S, BLOCK_D)
     out = tl.sum(part * w[:, None], axis=0)
     if PDL:
         pdl.launch_dependents()
@@ -106,9 +138,18 @@ def tile_config(dtype: torch.dtype, head_dim: int) -> tuple[int, int]:
     return (128, 4) if torch.finfo(dtype).bits * head_dim <= 16 * 128 else (64, 3)
 
 
-def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context_lens: torch.Tensor,
-                 block_tables: torch.Tensor, scale: float, splits: int | None = None, block_n: int | None = None,
-                 num_warps: int = 4, num_stages: int | None = None) -> torch.Tensor:
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int = 4,
+    num_stages: int | None = None,
+) -> torch.Tensor:
     """q (B, H, D), caches (num_blocks, block_size, Hkv, D), context_lens (B,) int32, block_tables (B, M) int32
     with valid block ids in every entry a context reaches (padding past it is never read) -> (B, H, D).
     block_n / num_warps / num_stages: the launch configuration (default `tile_config`)."""
@@ -126,12 +167,39 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, 
     lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device) if splits > 1 else partial
     group = H // Hkv
     paged_decode_kernel[(B, Hkv, splits)](
-        q, k_cache, v_cache, block_tables, context_lens, partial, lse, scale, block_tables.stride(0),
-        NUM_KV_HEADS=Hkv, GROUP=group, D=D, PAGE=page, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_N=block_n, SPLITS=splits,
-        IEEE=q.dtype == torch.float32 or not q.is_cuda,     # the interpreter's bf16 tl.dot is wrong: fp32 there
-        PDL=pdl.enabled(q), num_warps=num_warps, num_stages=num_stages, **pdl.launch_kwargs(q))
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        partial,
+        lse,
+        scale,
+        block_tables.stride(0),
+        NUM_KV_HEADS=Hkv,
+        GROUP=group,
+        D=D,
+        PAGE=page,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_D=max(16, triton.next_power_of_2(D)),
+        BLOCK_N=block_n,
+        SPLITS=splits,
+        IEEE=q.dtype == torch.float32 or not q.is_cuda,  # the interpreter's bf16 tl.dot is wrong: fp32 there
+        PDL=pdl.enabled(q),
+        num_warps=num_warps,
+        num_stages=num_stages,
+        **pdl.launch_kwargs(q),
+    )
     if splits > 1:
-        combine_splits_kernel[(B * H,)](partial, lse, out, D=D, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),
-                                        BLOCK_D=triton.next_power_of_2(D), PDL=pdl.enabled(q), **pdl.launch_kwargs(q))
+        combine_splits_kernel[(B * H,)](
+            partial,
+            lse,
+            out,
+            D=D,
+            SPLITS=splits,
+            BLOCK_S=triton.next_power_of_2(splits),
+            BLOCK_D=triton.next_power_of_2(D),
+            PDL=pdl.enabled(q),
+            **pdl.launch_kwargs(q),
+        )
     return out

@@ -1,5 +1,6 @@
 """Rotary position embedding, neox half-split style, one cos/sin cache shared by all layers
-(seed 000 section 3)."""
+(notebook 02)."""
+
 from functools import lru_cache
 
 import torch
@@ -9,29 +10,30 @@ from minivllm.utils.compile import compiled
 
 
 def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = torch.chunk(x.float(), 2, dim=-1)      # pair dim i with dim i + d/2
+    x1, x2 = torch.chunk(x.float(), 2, dim=-1)  # pair dim i with dim i + d/2
     y1 = x1 * cos - x2 * sin
     y2 = x2 * cos + x1 * sin
     return torch.cat((y1, y2), dim=-1).to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
-
     def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int, base: float) -> None:
         super().__init__()
         if rotary_dim != head_size:
-            raise ValueError(f"RotaryEmbedding: partial rotary (rotary_dim={rotary_dim} != head_size={head_size}) is not supported")
+            raise ValueError(
+                f"RotaryEmbedding: partial rotary (rotary_dim={rotary_dim} != head_size={head_size}) is not supported"
+            )
         self.head_size = head_size
         inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
         t = torch.arange(max_position_embeddings, dtype=torch.float)
-        freqs = torch.einsum("i,j->ij", t, inv_freq)                 # (max_pos, rotary_dim / 2)
-        cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)        # (max_pos, rotary_dim)
+        freqs = torch.einsum("i,j->ij", t, inv_freq)  # (max_pos, rotary_dim / 2)
+        cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)  # (max_pos, rotary_dim)
         self.register_buffer("cos_sin_cache", cache.unsqueeze_(1), persistent=False)  # (max_pos, 1, rotary_dim)
 
     @compiled
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
         # positions: (N,), query: (N, num_heads, head_dim), key: (N, num_kv_heads, head_dim)
-        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)    # 2 x (N, 1, head_dim / 2)
+        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)  # 2 x (N, 1, head_dim / 2)
         return apply_rotary_emb(query, cos, sin), apply_rotary_emb(key, cos, sin)
 
 
@@ -53,16 +55,18 @@ def rope_scaling_of(config) -> dict | None:
     return None if kind == "default" else params
 
 
-def get_rope(head_size: int, rotary_dim: int, max_position: int, base: float,
-             rope_scaling: tuple | None = None) -> RotaryEmbedding:
+def get_rope(
+    head_size: int, rotary_dim: int, max_position: int, base: float, rope_scaling: tuple | None = None
+) -> RotaryEmbedding:
     """One RotaryEmbedding (one cos/sin table) shared by every layer of a model. Cached per device too,
     so a model built on another device does not get (or move) this one's table."""
     return _get_rope(head_size, rotary_dim, max_position, base, rope_scaling, torch.get_default_device())
 
 
 @lru_cache(1)
-def _get_rope(head_size: int, rotary_dim: int, max_position: int, base: float, rope_scaling: tuple | None,
-              device: torch.device) -> RotaryEmbedding:
+def _get_rope(
+    head_size: int, rotary_dim: int, max_position: int, base: float, rope_scaling: tuple | None, device: torch.device
+) -> RotaryEmbedding:
     if rope_scaling is not None:
         raise NotImplementedError(f"rope scaling {dict(rope_scaling)} is not implemented (only plain RoPE)")
     return RotaryEmbedding(head_size, rotary_dim, max_position, base)

@@ -2,15 +2,29 @@
 FlashAttention backends are checked against. Same inputs and layout as FlashAttention's calls:
 caches (num_blocks, block_size, num_kv_heads, head_dim), block tables (num_seqs, max_blocks) int32 padded
 with -1, causal masks aligned bottom-right (the last query sees every key), GQA by head groups."""
+
 import torch
 import torch.nn.functional as F
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask: torch.Tensor | None = None,
-          causal: bool = False) -> torch.Tensor:
+def _sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
     # q: (B, Lq, H, D), k/v: (B, Lk, Hkv, D) -> (B, Lq, H, D)
-    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
-                                       is_causal=causal, scale=scale, enable_gqa=True)
+    o = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=mask,
+        is_causal=causal,
+        scale=scale,
+        enable_gqa=True,
+    )
     return o.transpose(1, 2)
 
 
@@ -30,46 +44,68 @@ def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, length: int) ->
 
 def check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
     if q.dim() != 3 or q.shape[-1] != k.shape[-1] or q.shape[-2] % k.shape[-2] != 0:
-        raise ValueError(f"q {tuple(q.shape)} must be (tokens, heads, head_dim) with the head_dim of k {tuple(k.shape)} "
-                         f"and a multiple of its {k.shape[-2]} kv heads")
+        raise ValueError(
+            f"q {tuple(q.shape)} must be (tokens, heads, head_dim) with the head_dim of k {tuple(k.shape)} "
+            f"and a multiple of its {k.shape[-2]} kv heads"
+        )
 
 
-def check_paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context_lens: torch.Tensor,
-                block_tables: torch.Tensor) -> None:
+def check_paged(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+) -> None:
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        return                                                  # no host syncs inside a CUDA graph
+        return  # no host syncs inside a CUDA graph
     if k_cache.shape != v_cache.shape or k_cache.dim() != 4:
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must both be (num_blocks, block_size, kv_heads, head_dim)")
+        raise ValueError(
+            f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must both be "
+            "(num_blocks, block_size, kv_heads, head_dim)"
+        )
     check_heads(q, k_cache)
     if block_tables.dim() != 2 or block_tables.shape[0] != context_lens.shape[0]:
-        raise ValueError(f"block_tables {tuple(block_tables.shape)} must be (num_seqs={context_lens.shape[0]}, max_blocks)")
+        raise ValueError(
+            f"block_tables {tuple(block_tables.shape)} must be (num_seqs={context_lens.shape[0]}, max_blocks)"
+        )
     num_blocks, block_size = k_cache.shape[:2]
     max_len = int(context_lens.max()) if context_lens.numel() else 0
     if max_len > block_tables.shape[1] * block_size:
-        raise ValueError(f"a context of {max_len} tokens is longer than the block table covers "
-                         f"({block_tables.shape[1]} blocks x {block_size})")
-    needed = (context_lens[:, None].long() + block_size - 1) // block_size > torch.arange(block_tables.shape[1], device=block_tables.device)
+        raise ValueError(
+            f"a context of {max_len} tokens is longer than the block table covers "
+            f"({block_tables.shape[1]} blocks x {block_size})"
+        )
+    needed = (context_lens[:, None].long() + block_size - 1) // block_size > torch.arange(
+        block_tables.shape[1], device=block_tables.device
+    )
     used = block_tables[needed]
     if used.numel() and (int(used.max()) >= num_blocks or int(used.min()) < 0):
-        raise ValueError(f"block table points outside the cache: blocks {int(used.min())}..{int(used.max())}, cache has {num_blocks}")
+        raise ValueError(
+            f"block table points outside the cache: blocks {int(used.min())}..{int(used.max())}, cache has {num_blocks}"
+        )
 
 
-def store_kvcache_torch(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        slot_mapping: torch.Tensor) -> None:
+def store_kvcache_torch(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """The store as masked index assignment: what the Triton kernel does, for CPU. (The Triton interpreter
     copies every tensor argument, the whole cache included, on each launch: far too slow for an engine.)
     The mask makes the shape data-dependent, which is why CUDA graphs need the kernel instead."""
-    valid = slot_mapping >= 0                                           # -1 = padding, write nothing
+    valid = slot_mapping >= 0  # -1 = padding, write nothing
     slots = slot_mapping[valid].long()
     k_cache.view(-1, *k_cache.shape[2:])[slots] = key[valid]
     v_cache.view(-1, *v_cache.shape[2:])[slots] = value[valid]
 
 
-def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+def varlen_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float
+) -> torch.Tensor:
     """Prefill over fresh K/V: q (Nq, H, D), k/v (Nq, Hkv, D) packed by cu_seqlens -> (Nq, H, D)."""
     if not (q.shape[0] == k.shape[0] == v.shape[0] == int(cu_seqlens[-1])):
-        raise ValueError(f"q/k/v token counts {q.shape[0]}/{k.shape[0]}/{v.shape[0]} != cu_seqlens[-1] = {int(cu_seqlens[-1])}")
+        raise ValueError(
+            f"q/k/v token counts {q.shape[0]}/{k.shape[0]}/{v.shape[0]} != cu_seqlens[-1] = {int(cu_seqlens[-1])}"
+        )
     if k.shape != v.shape:
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
     check_heads(q, k)
@@ -80,14 +116,23 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     return o
 
 
-def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                            context_lens: torch.Tensor, block_tables: torch.Tensor, scale: float) -> torch.Tensor:
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """Prefill whose keys are in the cache (prefix hit, later chunk): sequence i has
     cu_seqlens_q[i+1] - cu_seqlens_q[i] new queries and context_lens[i] keys (new ones included)."""
     check_paged(q, k_cache, v_cache, context_lens, block_tables)
     if cu_seqlens_q.numel() != context_lens.numel() + 1 or q.shape[0] != int(cu_seqlens_q[-1]):
-        raise ValueError(f"cu_seqlens_q {cu_seqlens_q.tolist()} must have one entry more than context_lens "
-                         f"({context_lens.numel()} sequences) and end at the {q.shape[0]} query tokens")
+        raise ValueError(
+            f"cu_seqlens_q {cu_seqlens_q.tolist()} must have one entry more than context_lens "
+            f"({context_lens.numel()} sequences) and end at the {q.shape[0]} query tokens"
+        )
     o = torch.empty_like(q)
     bounds, lens = cu_seqlens_q.tolist(), context_lens.tolist()
     for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
@@ -100,16 +145,24 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     return o
 
 
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context_lens: torch.Tensor,
-                           block_tables: torch.Tensor, scale: float) -> torch.Tensor:
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """Decode, batched: q (B, H, D), one query per sequence over its context_lens[b] cached keys -> (B, H, D)."""
     check_paged(q, k_cache, v_cache, context_lens, block_tables)
     if q.shape[0] != context_lens.shape[0]:
-        raise ValueError(f"decode: {q.shape[0]} queries but {context_lens.shape[0]} context lengths (one query per sequence)")
+        raise ValueError(
+            f"decode: {q.shape[0]} queries but {context_lens.shape[0]} context lengths (one query per sequence)"
+        )
     B, max_blocks = block_tables.shape
     block_size = k_cache.shape[1]
-    tables = block_tables.clamp(min=0).long()                                   # -1 padding -> any valid block
-    k = k_cache[tables].flatten(1, 2)                                           # (B, max_blocks * block_size, Hkv, D)
+    tables = block_tables.clamp(min=0).long()  # -1 padding -> any valid block
+    k = k_cache[tables].flatten(1, 2)  # (B, max_blocks * block_size, Hkv, D)
     v = v_cache[tables].flatten(1, 2)
     mask = torch.arange(max_blocks * block_size, device=q.device)[None, :] < context_lens[:, None]  # (B, L)
     return _sdpa(q[:, None], k, v, scale, mask=mask[:, None, None, :])[:, 0]  # (B, H, D)

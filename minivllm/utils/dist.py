@@ -1,13 +1,12 @@
-"""Tensor-parallel helpers: this process's rank and world size, divisibility checks, and process groups
-for tests and notebooks (gloo on CPU). Functions run by spawned processes must live in a module, not in a
-notebook cell, so they are here."""
-import os
-import pickle
+"""Tensor-parallel helpers: this process's rank and world size, divisibility checks, and the process group
+of one engine (notebook 04 explains the two all_reduces per layer, notebook 05 the vocabulary gather)."""
+
 import socket
-import sys
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _update_default_pg, _world
 
 
 def tp_rank() -> int:
@@ -38,38 +37,40 @@ def init_process_group(rank: int, world_size: int, port: int, backend: str | Non
         torch.cuda.set_device(rank)
 
 
-def _spawn_entry(rank: int, world_size: int, port: int, fn, args, queue) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
-    init_process_group(rank, world_size, port, "gloo")
+# --- one engine's group ------------------------------------------------------------------------------
+# torch.distributed has one default group per process, and the layers call `dist.all_reduce(x)` on it
+# (nano-vllm's layers do too). A worker process serves one engine, but the driver (rank 0) may hold several
+# TP engines at once, so each engine's group is the default only while that engine runs a step.
+
+
+def new_engine_group(rank: int, world_size: int, port: int, backend: str) -> dist.ProcessGroup:
+    """Join this engine's group and return it, leaving no default group behind on rank 0. The group's name
+    (its key prefix in the store) must be equal on every rank and distinct per engine: the port is both."""
+    _update_default_pg(None)
+    _world.group_count = port
+    init_process_group(rank, world_size, port, backend)
+    group = dist.group.WORLD
+    if rank == 0:
+        _update_default_pg(None)
+    return group
+
+
+@contextmanager
+def engine_group(group: dist.ProcessGroup | None):
+    """`with engine_group(g):` the layers' collectives go to `g` (no-op for None, a single-process engine)."""
+    if group is None:
+        yield
+        return
+    previous = _world.default_pg
+    _update_default_pg(group)
     try:
-        result = fn(rank, world_size, *args)
-        queue.put((rank, pickle.dumps(result)))      # by value: torch would share tensors through this
-                                                     # process's fds, gone once it exits
-        dist.barrier()                               # no rank tears gloo down while another still talks to it
+        yield
     finally:
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)     # skip C++ static destructors: at interpreter exit a leftover thread aborted the process
-                    # ("terminate called without an active exception") in about one notebook run in five
+        _update_default_pg(previous)
 
 
-def run_tp(fn, world_size: int = 2, args: tuple = ()) -> list:
-    """Run `fn(rank, world_size, *args)` in `world_size` gloo processes; return each rank's result in
-    rank order. `fn` must be importable (a module-level function), results picklable."""
-    import torch.multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    context = mp.start_processes(_spawn_entry, args=(world_size, free_port(), fn, args, queue),
-                                 nprocs=world_size, join=False, start_method="spawn")
-    results = {}
-    while len(results) < world_size:         # read while they run: a large result would fill the pipe
-        if not queue.empty():
-            rank, data = queue.get()
-            results[rank] = pickle.loads(data)
-        else:
-            context.join(timeout=0.05)       # raises if a process failed
-    while not context.join():
-        pass
-    return [results[r] for r in range(world_size)]
+def destroy_engine_group(group: dist.ProcessGroup) -> None:
+    """Destroy this engine's group only, never another engine's."""
+    if dist.group.WORLD is group:
+        _update_default_pg(None)
+    dist.destroy_process_group(group)

@@ -1,6 +1,7 @@
 """Load a Hugging Face checkpoint (config.json + one or many *.safetensors, with or without an index)
 into our packed model through each parameter's weight_loader, sharded for this TP rank. Every problem
 (missing file, missing or unexpected tensor, wrong shape) is an error naming the tensor and the file."""
+
 import json
 import os
 from glob import glob
@@ -14,7 +15,9 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
     if tuple(param.shape) != tuple(loaded_weight.shape):
-        raise ValueError(f"checkpoint shape {tuple(loaded_weight.shape)} does not match parameter shape {tuple(param.shape)}")
+        raise ValueError(
+            f"checkpoint shape {tuple(loaded_weight.shape)} does not match parameter shape {tuple(param.shape)}"
+        )
     param.data.copy_(loaded_weight)
 
 
@@ -38,8 +41,8 @@ def load_model(model: nn.Module, path: str) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = getattr(model, "tie_word_embeddings", False)
     expected = {(name, None) for name in params if not (tied and name == "lm_head.weight")}
-    for name, param in params.items():                       # packed parameters expect one load per shard
-        for _, (packed, shard_id) in packed_modules_mapping.items():
+    for name in params:  # packed parameters expect one load per shard
+        for packed, shard_id in packed_modules_mapping.values():
             if f".{packed}." in f".{name}":
                 expected.discard((name, None))
                 expected.add((name, shard_id))
@@ -47,7 +50,7 @@ def load_model(model: nn.Module, path: str) -> None:
     files = checkpoint_files(path)
     for file in files:
         with safe_open(file, "pt", "cpu") as f:
-            for weight_name in f.keys():
+            for weight_name in f.keys():  # noqa: SIM118 (safe_open has keys(), no __iter__)
                 if weight_name.endswith(IGNORED_SUFFIXES) or (tied and weight_name == "lm_head.weight"):
                     continue
                 param_name, shard_id = weight_name, None
@@ -56,7 +59,9 @@ def load_model(model: nn.Module, path: str) -> None:
                         param_name, shard_id = weight_name.replace(f".{k}.", f".{packed}."), sid
                         break
                 if param_name not in params:
-                    raise KeyError(f"unexpected tensor {weight_name!r} in {file}: the model has no parameter {param_name!r}")
+                    raise KeyError(
+                        f"unexpected tensor {weight_name!r} in {file}: the model has no parameter {param_name!r}"
+                    )
                 param = params[param_name]
                 weight_loader = getattr(param, "weight_loader", default_weight_loader)
                 try:

@@ -13,20 +13,16 @@ Measured on the H200 (benchmarks/NOTES.md, change 8): with the attention prologu
 combine kernel launched this way a decode step is ~10-30 us faster. Triggering at the start of each kernel
 instead let whole chains of kernels launch ahead and wait on the SMs, and made small batches slower.
 
-On CPU (the Triton interpreter) and before Hopper the PDL branches are compiled out (PDL=False)."""
-import os
+On CPU (the Triton interpreter) and before Hopper the PDL branches are compiled out (PDL=False); the
+`pdl` switch (`utils/switches.py`, MINIVLLM_PDL=0) turns PDL off everywhere."""
+
 from functools import lru_cache
 
 import torch
 import triton
 import triton.language as tl
 
-_enabled = os.environ.get("MINIVLLM_PDL", "1") != "0"
-
-
-def set_enabled(on: bool) -> None:
-    global _enabled
-    _enabled = on
+from minivllm.utils.switches import SWITCHES
 
 
 @lru_cache(None)
@@ -35,7 +31,11 @@ def _hopper(index: int) -> bool:
 
 
 def enabled(x: torch.Tensor) -> bool:
-    return _enabled and x.is_cuda and _hopper(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    return (
+        SWITCHES.pdl
+        and x.is_cuda
+        and _hopper(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    )
 
 
 def launch_kwargs(x: torch.Tensor) -> dict:
@@ -45,10 +45,11 @@ def launch_kwargs(x: torch.Tensor) -> dict:
 
 @triton.jit
 def launch_dependents():
-    tl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    tl.inline_asm_elementwise(
+        "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit
 def wait():
     tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
-

@@ -6,6 +6,7 @@ the full weights, together with how many all_reduce / gather calls the layer mad
 helpers also run in a plain process (TP=1), which is the reference for TP=2. Spawned functions must be
 importable, so they live here and not in a notebook cell. Run them with
 `minivllm.utils.dist.run_tp(tp_worker, world_size, (seed,))`."""
+
 from contextlib import contextmanager
 
 import torch
@@ -14,17 +15,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
-from minivllm.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
-                                    RowParallelLinear)
+from minivllm.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
 from minivllm.utils.context import reset_context, set_context
 from minivllm.utils.dist import tp_rank, tp_size
 
-HIDDEN, OUT, INTER, VOCAB = 64, 96, 128, 256            # small sizes, divisible by 1, 2 and 4
+HIDDEN, OUT, INTER, VOCAB = 64, 96, 128, 256  # small sizes, divisible by 1, 2 and 4
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
-SEQ_LENS = [3, 4, 5]                                     # a packed prefill batch of three sequences
+SEQ_LENS = [3, 4, 5]  # a packed prefill batch of three sequences
 
 
 # --- counting collectives ----------------------------------------------------------------------------
+
 
 @contextmanager
 def count_collectives():
@@ -36,7 +42,9 @@ def count_collectives():
         def counted(*args, **kwargs):
             counts[name] += 1
             return originals[name](*args, **kwargs)
+
         return counted
+
     for name in counts:
         setattr(dist, name, wrap(name))
     try:
@@ -61,10 +69,11 @@ def _rand(g: torch.Generator, *shape: int, scale: float = 0.1) -> torch.Tensor:
 
 # --- the parallel Linear family ------------------------------------------------------------------------
 
+
 def linear_checks(seed: int = 0) -> dict[str, dict]:
     """Column (gathered), Row (reduced), QKV and Merged (gathered per shard id) vs full-weight F.linear."""
     g = torch.Generator().manual_seed(seed)
-    x = _rand(g, 7, HIDDEN, scale=1.0)                                   # (N, H), the same on every rank
+    x = _rand(g, 7, HIDDEN, scale=1.0)  # (N, H), the same on every rank
     out = {}
 
     w, b = _rand(g, OUT, HIDDEN), _rand(g, OUT)
@@ -72,73 +81,90 @@ def linear_checks(seed: int = 0) -> dict[str, dict]:
     layer.weight.weight_loader(layer.weight, w)
     layer.bias.weight_loader(layer.bias, b)
     with count_collectives() as n:
-        y = layer(x)                                                     # (N, OUT / tp)
+        y = layer(x)  # (N, OUT / tp)
     out["column"] = dict(out=all_gather_cat(y), ref=F.linear(x, w, b), shard_shape=tuple(layer.weight.shape), **n)
 
     w, b = _rand(g, HIDDEN, OUT), _rand(g, HIDDEN)
-    xr = _rand(g, 7, OUT, scale=1.0)                                     # (N, OUT)
+    xr = _rand(g, 7, OUT, scale=1.0)  # (N, OUT)
     layer = RowParallelLinear(OUT, HIDDEN, bias=True)
     layer.weight.weight_loader(layer.weight, w)
     layer.bias.weight_loader(layer.bias, b)
     shard = OUT // tp_size()
     with count_collectives() as n:
-        y = layer(xr[:, tp_rank() * shard:(tp_rank() + 1) * shard])     # this rank's input slice -> (N, H)
+        y = layer(xr[:, tp_rank() * shard : (tp_rank() + 1) * shard])  # this rank's input slice -> (N, H)
     out["row"] = dict(out=y, ref=F.linear(xr, w, b), shard_shape=tuple(layer.weight.shape), **n)
 
-    wq, wk, wv = _rand(g, HEADS * HEAD_DIM, HIDDEN), _rand(g, KV_HEADS * HEAD_DIM, HIDDEN), _rand(g, KV_HEADS * HEAD_DIM, HIDDEN)
+    wq, wk, wv = (
+        _rand(g, HEADS * HEAD_DIM, HIDDEN),
+        _rand(g, KV_HEADS * HEAD_DIM, HIDDEN),
+        _rand(g, KV_HEADS * HEAD_DIM, HIDDEN),
+    )
     layer = QKVParallelLinear(HIDDEN, HEAD_DIM, HEADS, KV_HEADS)
     for shard_id, wt in zip("qkv", (wq, wk, wv)):
         layer.weight.weight_loader(layer.weight, wt, shard_id)
     with count_collectives() as n:
-        y = layer(x)                                                     # (N, (heads + 2 kv_heads) * D / tp)
+        y = layer(x)  # (N, (heads + 2 kv_heads) * D / tp)
     q, k, v = y.split([layer.num_heads * HEAD_DIM, layer.num_kv_heads * HEAD_DIM, layer.num_kv_heads * HEAD_DIM], -1)
-    out["qkv"] = dict(out=torch.cat([all_gather_cat(t) for t in (q, k, v)], -1),
-                      ref=torch.cat([F.linear(x, wt) for wt in (wq, wk, wv)], -1),
-                      shard_shape=tuple(layer.weight.shape), **n)
+    out["qkv"] = dict(
+        out=torch.cat([all_gather_cat(t) for t in (q, k, v)], -1),
+        ref=torch.cat([F.linear(x, wt) for wt in (wq, wk, wv)], -1),
+        shard_shape=tuple(layer.weight.shape),
+        **n,
+    )
 
     wg, wu = _rand(g, INTER, HIDDEN), _rand(g, INTER, HIDDEN)
     layer = MergedColumnParallelLinear(HIDDEN, [INTER, INTER])
     for shard_id, wt in enumerate((wg, wu)):
         layer.weight.weight_loader(layer.weight, wt, shard_id)
     with count_collectives() as n:
-        gate, up = layer(x).chunk(2, -1)                                 # 2 x (N, I / tp)
-    out["merged"] = dict(out=torch.cat([all_gather_cat(gate), all_gather_cat(up)], -1),
-                         ref=torch.cat([F.linear(x, wg), F.linear(x, wu)], -1),
-                         shard_shape=tuple(layer.weight.shape), **n)
+        gate, up = layer(x).chunk(2, -1)  # 2 x (N, I / tp)
+    out["merged"] = dict(
+        out=torch.cat([all_gather_cat(gate), all_gather_cat(up)], -1),
+        ref=torch.cat([F.linear(x, wg), F.linear(x, wu)], -1),
+        shard_shape=tuple(layer.weight.shape),
+        **n,
+    )
     return out
 
 
 # --- vocab-parallel embedding and LM head ----------------------------------------------------------
 
+
 def vocab_checks(seed: int = 0) -> dict[str, dict]:
     """VocabParallelEmbedding (mask + all_reduce) and ParallelLMHead (last tokens in prefill, every row in
     decode, gathered to rank 0; other ranks get None) vs F.embedding / F.linear on the full table."""
     g = torch.Generator().manual_seed(seed + 1)
-    w = _rand(g, VOCAB, HIDDEN, scale=1.0)                               # (V, H)
-    ids = torch.randint(0, VOCAB, (sum(SEQ_LENS),), generator=g)         # (N,)
-    ids[:4] = torch.tensor([0, VOCAB // 2 - 1, VOCAB // 2, VOCAB - 1])   # both ends of each rank's range (TP=2)
+    w = _rand(g, VOCAB, HIDDEN, scale=1.0)  # (V, H)
+    ids = torch.randint(0, VOCAB, (sum(SEQ_LENS),), generator=g)  # (N,)
+    ids[:4] = torch.tensor([0, VOCAB // 2 - 1, VOCAB // 2, VOCAB - 1])  # both ends of each rank's range (TP=2)
     out = {}
 
     emb = VocabParallelEmbedding(VOCAB, HIDDEN)
     emb.weight.weight_loader(emb.weight, w)
     with count_collectives() as n:
-        y = emb(ids)                                                     # (N, H)
-    out["embedding"] = dict(out=y, ref=F.embedding(ids, w), shard_shape=tuple(emb.weight.shape),
-                            vocab_range=(emb.vocab_start_idx, emb.vocab_end_idx), **n)
+        y = emb(ids)  # (N, H)
+    out["embedding"] = dict(
+        out=y,
+        ref=F.embedding(ids, w),
+        shard_shape=tuple(emb.weight.shape),
+        vocab_range=(emb.vocab_start_idx, emb.vocab_end_idx),
+        **n,
+    )
 
     head = ParallelLMHead(VOCAB, HIDDEN)
     head.weight.weight_loader(head.weight, w)
-    hidden = _rand(g, sum(SEQ_LENS), HIDDEN, scale=1.0)                  # (N, H), packed prefill batch
+    hidden = _rand(g, sum(SEQ_LENS), HIDDEN, scale=1.0)  # (N, H), packed prefill batch
     cu_seqlens = torch.tensor([0] + SEQ_LENS).cumsum(0).to(torch.int32)  # (num_seqs + 1,)
-    set_context(True, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max(SEQ_LENS),
-                max_seqlen_k=max(SEQ_LENS))
+    set_context(
+        True, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max(SEQ_LENS), max_seqlen_k=max(SEQ_LENS)
+    )
     with count_collectives() as n:
-        logits = head(hidden)                                            # (num_seqs, V) on rank 0, else None
+        logits = head(hidden)  # (num_seqs, V) on rank 0, else None
     last = (cu_seqlens[1:] - 1).long()
     out["lm_head_prefill"] = dict(out=logits, ref=F.linear(hidden[last], w), shard_shape=tuple(head.weight.shape), **n)
 
     set_context(False)
-    hidden = _rand(g, len(SEQ_LENS), HIDDEN, scale=1.0)                  # (num_seqs, H), one token each
+    hidden = _rand(g, len(SEQ_LENS), HIDDEN, scale=1.0)  # (num_seqs, H), one token each
     with count_collectives() as n:
         logits = head(hidden)
     out["lm_head_decode"] = dict(out=logits, ref=F.linear(hidden, w), shard_shape=tuple(head.weight.shape), **n)
@@ -148,11 +174,21 @@ def vocab_checks(seed: int = 0) -> dict[str, dict]:
 
 # --- a whole Qwen3 decoder layer ---------------------------------------------------------------------
 
+
 def tiny_qwen3_config(**overrides):
     from transformers import Qwen3Config
-    kw = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=1,
-              num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
-              max_position_embeddings=256, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+    kw = dict(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=INTER,
+        num_hidden_layers=1,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
     return Qwen3Config(**(kw | overrides))
 
 
@@ -161,19 +197,30 @@ def decoder_layer_weights(config, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed + 2)
     H, I, D = config.hidden_size, config.intermediate_size, config.head_dim
     qh, kvh = config.num_attention_heads, config.num_key_value_heads
-    shapes = {"self_attn.q_proj.weight": (qh * D, H), "self_attn.k_proj.weight": (kvh * D, H),
-              "self_attn.v_proj.weight": (kvh * D, H), "self_attn.o_proj.weight": (H, qh * D),
-              "mlp.gate_proj.weight": (I, H), "mlp.up_proj.weight": (I, H), "mlp.down_proj.weight": (H, I)}
+    shapes = {
+        "self_attn.q_proj.weight": (qh * D, H),
+        "self_attn.k_proj.weight": (kvh * D, H),
+        "self_attn.v_proj.weight": (kvh * D, H),
+        "self_attn.o_proj.weight": (H, qh * D),
+        "mlp.gate_proj.weight": (I, H),
+        "mlp.up_proj.weight": (I, H),
+        "mlp.down_proj.weight": (H, I),
+    }
     weights = {name: _rand(g, *shape, scale=shape[1] ** -0.5) for name, shape in shapes.items()}
-    for name, dim in (("self_attn.q_norm.weight", D), ("self_attn.k_norm.weight", D),
-                      ("input_layernorm.weight", H), ("post_attention_layernorm.weight", H)):
-        weights[name] = 1.0 + _rand(g, dim)                              # not all ones, so a mix-up shows
+    for name, dim in (
+        ("self_attn.q_norm.weight", D),
+        ("self_attn.k_norm.weight", D),
+        ("input_layernorm.weight", H),
+        ("post_attention_layernorm.weight", H),
+    ):
+        weights[name] = 1.0 + _rand(g, dim)  # not all ones, so a mix-up shows
     return weights
 
 
 def build_decoder_layer(config, weights: dict[str, torch.Tensor]) -> nn.Module:
     """A Qwen3DecoderLayer for this process's TP size, loaded like the checkpoint loader does."""
     from minivllm.models.qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM
+
     layer = Qwen3DecoderLayer(config, qkv_bias=False, o_bias=False, qk_norm=True)
     params = dict(layer.named_parameters())
     for name, w in weights.items():
@@ -186,7 +233,7 @@ def build_decoder_layer(config, weights: dict[str, torch.Tensor]) -> nn.Module:
             param = params[name]
             if hasattr(param, "weight_loader"):
                 param.weight_loader(param, w)
-            else:                                                        # RMSNorm weights: copied whole
+            else:  # RMSNorm weights: copied whole
                 param.data.copy_(w)
     return layer
 
@@ -194,9 +241,9 @@ def build_decoder_layer(config, weights: dict[str, torch.Tensor]) -> nn.Module:
 def decoder_layer_inputs(config, seed: int = 0):
     """A packed prefill batch: positions restart at 0 for each sequence; hidden states and a residual."""
     g = torch.Generator().manual_seed(seed + 3)
-    positions = torch.cat([torch.arange(n) for n in SEQ_LENS])           # (N,)
-    hidden = _rand(g, sum(SEQ_LENS), config.hidden_size, scale=1.0)      # (N, H)
-    residual = _rand(g, sum(SEQ_LENS), config.hidden_size, scale=1.0)    # (N, H)
+    positions = torch.cat([torch.arange(n) for n in SEQ_LENS])  # (N,)
+    hidden = _rand(g, sum(SEQ_LENS), config.hidden_size, scale=1.0)  # (N, H)
+    residual = _rand(g, sum(SEQ_LENS), config.hidden_size, scale=1.0)  # (N, H)
     cu_seqlens = torch.tensor([0] + SEQ_LENS).cumsum(0).to(torch.int32)
     return positions, hidden, residual, cu_seqlens
 
@@ -207,27 +254,37 @@ def run_decoder_layer(seed: int = 0) -> dict:
     config = tiny_qwen3_config()
     layer = build_decoder_layer(config, decoder_layer_weights(config, seed))
     positions, hidden, residual, cu_seqlens = decoder_layer_inputs(config, seed)
-    set_context(True, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max(SEQ_LENS),
-                max_seqlen_k=max(SEQ_LENS))
+    set_context(
+        True, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens, max_seqlen_q=max(SEQ_LENS), max_seqlen_k=max(SEQ_LENS)
+    )
     with torch.no_grad():
         with count_collectives() as first:
             h1, r1 = layer(positions, hidden, None)
         with count_collectives() as later:
             h2, r2 = layer(positions, hidden, residual)
     reset_context()
-    return dict(first=(h1, r1), later=(h2, r2), all_reduce=later["all_reduce"], all_reduce_first=first["all_reduce"],
-                gather=later["gather"], q_heads_per_rank=layer.self_attn.num_heads,
-                kv_heads_per_rank=layer.self_attn.num_kv_heads)
+    return dict(
+        first=(h1, r1),
+        later=(h2, r2),
+        all_reduce=later["all_reduce"],
+        all_reduce_first=first["all_reduce"],
+        gather=later["gather"],
+        q_heads_per_rank=layer.self_attn.num_heads,
+        kv_heads_per_rank=layer.self_attn.num_kv_heads,
+    )
 
 
 # --- what a TP degree must divide --------------------------------------------------------------------
 
+
 def error_checks() -> dict[str, str | None]:
     """Build layers whose sizes this world size does not divide; return each ValueError's message."""
     from minivllm.models.qwen3 import Qwen3DecoderLayer
+
     cases = {
-        "kv_heads": lambda: Qwen3DecoderLayer(tiny_qwen3_config(num_attention_heads=6, num_key_value_heads=3),
-                                              qkv_bias=False, o_bias=False, qk_norm=True),
+        "kv_heads": lambda: Qwen3DecoderLayer(
+            tiny_qwen3_config(num_attention_heads=6, num_key_value_heads=3), qkv_bias=False, o_bias=False, qk_norm=True
+        ),
         "vocab": lambda: VocabParallelEmbedding(VOCAB + 1, HIDDEN),
         "column": lambda: ColumnParallelLinear(HIDDEN, OUT + 1),
         "row": lambda: RowParallelLinear(OUT + 1, HIDDEN),
@@ -244,8 +301,10 @@ def error_checks() -> dict[str, str | None]:
 
 # --- the spawned entry point -------------------------------------------------------------------------
 
-def tp_worker(rank: int, world_size: int, seed: int = 0,
-              parts: tuple[str, ...] = ("linear", "vocab", "decoder", "errors")) -> dict:
+
+def tp_worker(
+    rank: int, world_size: int, seed: int = 0, parts: tuple[str, ...] = ("linear", "vocab", "decoder", "errors")
+) -> dict:
     """Run the requested checks on this rank; the result travels back to the parent through run_tp."""
     torch.manual_seed(seed)
     run = {"linear": linear_checks, "vocab": vocab_checks, "decoder": run_decoder_layer}

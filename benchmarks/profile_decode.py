@@ -1,19 +1,18 @@
 """Profile decode steps of the bench model on a GPU: the GPU time of one captured decode graph (a whole step)
 at several batch sizes against its bandwidth floor, and with --kernels which kernels take the time in real
 steps (torch.profiler; its per-kernel times run high). Writes a text report to --out."""
+
 import argparse
 import os
-import sys
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bench import COPY_BW, model_bytes_and_flops  # noqa: E402  (the repo root's bench.py: the roofline's numbers)
-from minivllm import LLM, SamplingParams  # noqa: E402
-from minivllm.utils import pdl  # noqa: E402
-from minivllm.utils.tiny_model import QWEN3_0_6B, make_tiny_checkpoint  # noqa: E402
+from minivllm import LLM, SamplingParams
+from minivllm.testing.benchmark import COPY_BW, model_bytes_and_flops
+from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
+from minivllm.utils import switches
 
 
 @torch.inference_mode()
@@ -23,27 +22,34 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--context", type=int, default=600)
     ap.add_argument("--kernels", action="store_true", help="also a torch.profiler kernel table of real steps")
-    ap.add_argument("--variants", default="",
-                    help="also replay times per setting, re-capturing the graphs: e.g. 'pdl=0;pdl=1'")
-    ap.add_argument("--replay-kernels", action="store_true",
-                    help="also the kernels of one graph replay (torch.profiler): time per kernel kind, busy vs wall")
+    ap.add_argument(
+        "--variants", default="", help="also replay times per setting, re-capturing the graphs: e.g. 'pdl=0;pdl=1'"
+    )
+    ap.add_argument(
+        "--replay-kernels",
+        action="store_true",
+        help="also the kernels of one graph replay (torch.profiler): time per kernel kind, busy vs wall",
+    )
     args = ap.parse_args()
-    path = make_tiny_checkpoint(os.path.expanduser("~/.cache/minivllm/qwen3-0.6b-random"), "qwen3",
-                                dtype=torch.bfloat16, **QWEN3_0_6B)
+    path = make_tiny_checkpoint(
+        os.path.expanduser("~/.cache/minivllm/qwen3-0.6b-random"), "qwen3", dtype=torch.bfloat16, **QWEN3_0_6B
+    )
     llm = LLM(path, max_model_len=4096)
     runner = llm.model_runner
     lines = []
 
     def set_inputs(bs: int, ctx: int) -> None:
-        v = runner.graph_vars
-        nblk = (ctx + 255) // 256
+        """Fill the decode graphs' input buffer (its one layout, engine/step_inputs.py DecodeLayout)."""
+        v, page = runner.buffers.decode, runner.block_size
+        nblk = (ctx + page - 1) // page
         v["context_lens"][:bs] = ctx
-        v["block_tables"][:bs, :nblk] = torch.arange(bs * nblk, device="cuda", dtype=torch.int32).view(bs, nblk) % runner.config.num_kvcache_blocks
-        v["slot_mapping"][:bs] = torch.arange(bs, device="cuda", dtype=torch.int32) * 256 * nblk + ctx - 1
+        blocks = torch.arange(bs * nblk, device="cuda", dtype=torch.int32).view(bs, nblk)
+        v["block_tables"][:bs, :nblk] = blocks % runner.config.num_kvcache_blocks
+        v["slot_mapping"][:bs] = torch.arange(bs, device="cuda", dtype=torch.int32) * page * nblk + ctx - 1
 
     def replay_ms(bs: int, ctx: int, reps: int = 20) -> float:
         """Milliseconds per replay of the decode graph for `bs` sequences at context `ctx`, after a warm-up."""
-        g = runner.graphs[runner.graph_batch_size(bs)]
+        g = runner.graphs.graphs[runner.graphs.padded(bs)]
         set_inputs(bs, ctx)
         for _ in range(3):
             g.replay()
@@ -56,16 +62,18 @@ def main() -> None:
 
     # GPU time of one decode graph replay (the whole step: feeding, model, LM head, sampler) per batch size,
     # at context 1 (the fixed cost of a step) and at `context` tokens (KV reads on top)
-    kv_bytes, weight_bytes, _ = model_bytes_and_flops(runner.config.hf_config)   # per token of context; weights
+    kv_bytes, weight_bytes, _ = model_bytes_and_flops(runner.config.hf_config)  # per token of context; weights
     for ctx in (1, args.context):
         for bs in (1, 8, 16, 32, 64, 128, 256):
             floor = (weight_bytes + bs * ctx * kv_bytes) / COPY_BW
-            lines.append(f"batch {bs:4d} ctx {ctx:5d}: graph replay {replay_ms(bs, ctx):.3f} ms, floor {floor * 1e3:.3f} ms")
+            lines.append(
+                f"batch {bs:4d} ctx {ctx:5d}: graph replay {replay_ms(bs, ctx):.3f} ms, floor {floor * 1e3:.3f} ms"
+            )
             print(lines[-1], flush=True)
     for variant in filter(None, args.variants.split(";")):
         opts = dict(kv.split("=") for kv in variant.split(","))
-        pdl.set_enabled(opts.get("pdl", "1") != "0")
-        runner.graphs = {}
+        switches.set(pdl=opts.get("pdl", "1") != "0")
+        runner.graphs = None
         torch.cuda.synchronize()
         runner.capture_cudagraph()
         for ctx in (1, args.context):
@@ -74,7 +82,7 @@ def main() -> None:
             print(lines[-1], flush=True)
     if args.replay_kernels:
         for bs, ctx in ((8, 600), (64, 600), (256, 1), (256, 600)):
-            g = runner.graphs[runner.graph_batch_size(bs)]
+            g = runner.graphs.graphs[runner.graphs.padded(bs)]
             set_inputs(bs, ctx)
             for _ in range(3):
                 g.replay()
@@ -93,8 +101,10 @@ def main() -> None:
                     kern[e.name] = (c + 1, us + e.time_range.elapsed_us())
             busy = sum(us for _, us in kern.values()) / n
             count = sum(c for c, _ in kern.values()) / n
-            lines.append(f"--- batch {bs} ctx {ctx}: wall per replay (profiled) {wall * 1e6:.0f} us, "
-                         f"kernel busy {busy:.0f} us over {count:.0f} kernels")
+            lines.append(
+                f"--- batch {bs} ctx {ctx}: wall per replay (profiled) {wall * 1e6:.0f} us, "
+                f"kernel busy {busy:.0f} us over {count:.0f} kernels"
+            )
             for name, (c, us) in sorted(kern.items(), key=lambda kv: -kv[1][1])[:16]:
                 lines.append(f"  {us / n:8.1f} us  {c / n:5.0f} x {us / c:6.2f} us  {name[:90]}")
             print("\n".join(lines[-17:]), flush=True)

@@ -1,0 +1,118 @@
+"""The tensor-parallel worker processes of one engine (ranks 1..N-1), and how rank 0 talks to them.
+
+Rank 0 lives in the user's process and drives: each step's inputs go to every worker over a pipe, and all
+ranks run the same forward (their layers meet in the all_reduces; notebook 14 counts them). nano-vllm does
+this with shared memory and events inside model_runner.py; pipes are simpler and fast enough here.
+
+Start-up is where a worker is most likely to die (an import that fails in the spawned process, an
+out-of-memory error while loading). Rank 0 must never wait on a collective for a rank that is gone, so
+every rank reports each start-up phase (`checkpoint`), and rank 0 waits for those reports, watching each
+worker's process, before it enters the next phase's collectives: a dead or failed worker ends the engine's
+construction at once, with an error naming its rank."""
+
+import multiprocessing.connection
+import traceback
+
+import torch.multiprocessing as mp
+
+from minivllm.config import Config
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+class Workers:
+    def __init__(self, config: Config, port: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.processes, self.conns = [], []
+        for rank in range(1, config.tensor_parallel_size):
+            parent, child = ctx.Pipe()
+            process = ctx.Process(target=worker_main, args=(config, rank, port, child), daemon=True)
+            process.start()
+            child.close()  # the worker holds its end: a dead worker makes recv() fail instead of wait
+            self.processes.append(process)
+            self.conns.append(parent)
+
+    def send(self, method: str, arg) -> None:
+        for conn in self.conns:
+            conn.send((method, arg))
+
+    def wait_for(self, phase: str) -> None:
+        """Block until every worker reports `phase` done; raise WorkerError naming the first that died or
+        failed instead."""
+        waiting = dict(enumerate(self.conns, start=1))
+        while waiting:
+            sentinels = {self.processes[r - 1].sentinel: r for r in waiting}
+            ready = multiprocessing.connection.wait(list(waiting.values()) + list(sentinels))
+            for obj in ready:
+                rank = sentinels.get(obj) or next(r for r, c in waiting.items() if c is obj)
+                if rank not in waiting:
+                    continue
+                try:
+                    kind, what, detail = waiting[rank].recv()
+                except (EOFError, OSError):
+                    code = self.processes[rank - 1].exitcode
+                    raise WorkerError(
+                        f"tensor-parallel worker rank {rank} exited (exit code {code}) before {phase}; a script "
+                        "run from standard input cannot start workers (spawned processes re-import __main__)"
+                    ) from None
+                if kind == "failed":
+                    raise WorkerError(f"tensor-parallel worker rank {rank} failed (phases done: {what}): {detail}")
+                assert (kind, what) == ("done", phase), f"worker rank {rank} reported {kind} {what}, expected {phase}"
+                del waiting[rank]
+
+    def exit(self, timeout: float = 30) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(("exit", None))
+            except (BrokenPipeError, OSError):
+                pass
+        for p in self.processes:
+            p.join(timeout=timeout)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+        for conn in self.conns:
+            conn.close()
+        self.processes, self.conns = [], []
+
+
+class Reporter:
+    """A worker's side of the start-up protocol: `checkpoint(phase)` tells rank 0 that `phase` is done."""
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+        self.done = "nothing yet"  # the last phase reported
+
+    def checkpoint(self, phase: str) -> None:
+        self.conn.send(("done", phase, None))
+        self.done = phase
+
+
+def worker_main(config: Config, rank: int, port: int, conn) -> None:
+    """A tensor-parallel worker: build its ModelRunner, then run whatever rank 0 sends until it says exit or
+    goes away."""
+    from minivllm.engine.model_runner import ModelRunner
+
+    reporter = Reporter(conn)
+    try:
+        runner = ModelRunner(config, rank=rank, port=port, reporter=reporter)
+    except BaseException as e:
+        detail = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
+        try:
+            conn.send(("failed", reporter.done, detail))
+        except (BrokenPipeError, OSError):
+            pass
+        raise
+    try:
+        while True:
+            try:
+                method, arg = conn.recv()
+            except (EOFError, OSError):  # the driver is gone
+                break
+            if method == "exit":
+                break
+            getattr(runner, method)(arg)
+    finally:
+        runner.exit()

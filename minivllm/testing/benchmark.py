@@ -1,0 +1,114 @@
+"""What the benchmarks share (bench.py, benchmarks/, scripts/ and notebook 15): nano-vllm's benchmark
+workload, the roofline floor of a run from the machine's measured ceilings, per-phase times from the engine's
+step log, and JSON results that carry their date, command and package versions."""
+
+import datetime
+import json
+import os
+import platform
+import random
+import sys
+
+import torch
+
+from minivllm.sampling_params import SamplingParams
+
+COPY_BW = 4.28e12  # bytes/s, device-to-device copy on the H200 (benchmarks/RESULTS.md)
+MATMUL_FLOPS = 700e12  # bf16 dense matmul on the H200
+
+
+def workload(
+    seed: int,
+    num_seqs: int,
+    min_len: int,
+    max_input: int,
+    max_output: int,
+    temperature: float = 0.6,
+    max_id: int = 10000,
+):
+    random.seed(seed)
+    prompts = [[random.randint(0, max_id) for _ in range(random.randint(min_len, max_input))] for _ in range(num_seqs)]
+    params = [
+        SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=random.randint(min_len, max_output))
+        for _ in range(num_seqs)
+    ]
+    return prompts, params
+
+
+def model_bytes_and_flops(hf) -> tuple[int, int, int]:
+    """(KV bytes per token, weight bytes read per decode step, matmul params) for a bf16 Qwen3."""
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    kv_per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * 2
+    h, i, L = hf.hidden_size, hf.intermediate_size, hf.num_hidden_layers
+    q, kv = hf.num_attention_heads * head_dim, hf.num_key_value_heads * head_dim
+    layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h + 2 * head_dim
+    params = L * layer + h + hf.vocab_size * h  # embedding counted once (tied)
+    return kv_per_token, 2 * params, params
+
+
+def roofline(hf, prompt_lens: list[int], output_lens: list[int]) -> dict:
+    """Lower bound in seconds: every decode step reads the weights and each running sequence's KV cache at
+    copy bandwidth; prefill is matmul-bound (2 x params x prompt tokens, plus causal attention)."""
+    kv_per_token, weight_bytes, params = model_bytes_and_flops(hf)
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    kv_bytes, steps = 0, max(output_lens) - 1  # the first token comes from prefill
+    for p, o in zip(prompt_lens, output_lens):
+        kv_bytes += kv_per_token * sum(p + s for s in range(1, o))  # decode step s reads p + s keys
+    attn_flops = sum(2 * 2 * hf.num_hidden_layers * hf.num_attention_heads * head_dim * p * p / 2 for p in prompt_lens)
+    prefill_flops = 2 * params * sum(prompt_lens) + attn_flops
+    t_kv, t_w, t_pre = kv_bytes / COPY_BW, steps * weight_bytes / COPY_BW, prefill_flops / MATMUL_FLOPS
+    return dict(
+        kv_read_s=t_kv,
+        weights_s=t_w,
+        prefill_s=t_pre,
+        floor_s=t_kv + t_w + t_pre,
+        decode_steps=steps,
+        kv_bytes_per_token=kv_per_token,
+        weight_bytes=weight_bytes,
+    )
+
+
+def phase_times(llm, start: int) -> dict:
+    """Seconds per phase of the engine's steps from `llm.step_log[start:]` (schedule, run, postprocess)."""
+    log = llm.step_log[start:]
+    pre = [r for r in log if r.is_prefill]
+    dec = [r for r in log if not r.is_prefill]
+    return dict(
+        prefill_steps=len(pre),
+        decode_steps=len(dec),
+        prefill_s=sum(r.schedule + r.run + r.postprocess for r in pre),
+        decode_s=sum(r.schedule + r.run + r.postprocess for r in dec),
+        schedule_s=sum(r.schedule for r in log),
+        run_s=sum(r.run for r in log),
+        postprocess_s=sum(r.postprocess for r in log),
+    )
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+
+    v = dict(python=platform.python_version(), torch=torch.__version__, cuda=torch.version.cuda)
+    for name, dist in (
+        ("triton", "triton"),
+        ("transformers", "transformers"),
+        ("flash_attn", "flash-attn"),
+        ("flash_attn_4", "flash-attn-4"),
+    ):
+        try:
+            v[name] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    return v
+
+
+def save_json(result: dict, out: str) -> None:
+    """Write a benchmark result with its date, command and versions (every recorded run carries them)."""
+    result.update(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+        versions=versions(),
+    )
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as fh:
+        json.dump(result, fh, indent=1)
+    print(f"wrote {out}")

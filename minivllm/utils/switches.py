@@ -1,0 +1,86 @@
+"""The kernel switches: which of our GPU kernels run. One place, one naming scheme.
+
+Each field `name` is read once from the environment variable `MINIVLLM_<NAME>` (upper case), and can be
+changed with `switches.set(name=value)`, or for a block with `with switches.override(name=value): ...`.
+They are measurement and debugging knobs for the whole process, like `CUDA_LAUNCH_BLOCKING`: an engine's
+`Config` never sets them (what differs between two engines in one process, the attention backend for
+instance, travels in the `Config`). Spawned tensor-parallel workers inherit the environment, so set the
+variable, not only the field, before starting a TP engine with a switch changed."""
+
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+
+DECODE_KERNELS = ("triton", "flash")
+
+
+@dataclass(slots=True)
+class Switches:
+    decode_kernel: str = "triton"  # decode attention with a flash backend: "triton" (ours) or "flash" (its own)
+    pdl: bool = True  # programmatic dependent launch between our Triton kernels (Hopper and later)
+    fused_prologue: bool = True  # QK-norm + RoPE + KV-cache write in one Triton kernel (GPU)
+    compile: bool | None = None  # torch.compile the small ops: None = on CUDA tensors only
+
+    def check(self) -> None:
+        if self.decode_kernel not in DECODE_KERNELS:
+            raise ValueError(f"unknown decode kernel {self.decode_kernel!r}; choose from {DECODE_KERNELS}")
+        for name in ("pdl", "fused_prologue"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"switch {name} must be True or False, got {getattr(self, name)!r}")
+        if self.compile not in (None, True, False):
+            raise ValueError(f"switch compile must be None, True or False, got {self.compile!r}")
+
+
+def env_name(name: str) -> str:
+    return f"MINIVLLM_{name.upper()}"
+
+
+def _parse(name: str, text: str):
+    """An environment value for field `name`: "1"/"0" for flags, "" or "auto" for compile's None."""
+    if name == "decode_kernel":
+        return text
+    if name == "compile" and text in ("", "auto"):
+        return None
+    if text not in ("0", "1"):
+        raise ValueError(f"{env_name(name)} must be 0 or 1, got {text!r}")
+    return text == "1"
+
+
+def from_env() -> Switches:
+    values = {
+        f.name: _parse(f.name, os.environ[env_name(f.name)]) for f in fields(Switches) if env_name(f.name) in os.environ
+    }
+    switches = Switches(**values)
+    switches.check()
+    return switches
+
+
+SWITCHES = from_env()
+
+
+def set(**values) -> None:
+    """Change switches by name, e.g. `switches.set(pdl=False)`; unknown names and bad values raise."""
+    names = {f.name for f in fields(Switches)}
+    unknown = sorted(values.keys() - names)
+    if unknown:
+        raise ValueError(f"unknown switch(es) {unknown}; the switches are {sorted(names)}")
+    old = {name: getattr(SWITCHES, name) for name in values}
+    for name, value in values.items():
+        setattr(SWITCHES, name, value)
+    try:
+        SWITCHES.check()
+    except ValueError:
+        for name, value in old.items():
+            setattr(SWITCHES, name, value)
+        raise
+
+
+@contextmanager
+def override(**values):
+    """`with override(pdl=False): ...` sets switches for the block and restores them after."""
+    old = {name: getattr(SWITCHES, name) for name in values if hasattr(SWITCHES, name)}
+    set(**values)
+    try:
+        yield SWITCHES
+    finally:
+        set(**old)
