@@ -18,8 +18,9 @@ from minivllm.utils.switches import SWITCHES
 
 
 def enabled(x: torch.Tensor) -> bool:
-    """The fused kernel runs on CUDA tensors unless the `fused_prologue` switch is off (utils/switches.py)."""
-    return SWITCHES.fused_prologue and x.is_cuda
+    """The fused kernel runs on CUDA tensors unless the `fused_prologue` switch is off (utils/switches.py); on
+    CPU only when the `triton_on_cpu` switch asks for the GPU path through the Triton interpreter."""
+    return SWITCHES.fused_prologue and (x.is_cuda or SWITCHES.triton_on_cpu)
 
 
 @triton.jit

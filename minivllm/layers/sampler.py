@@ -11,6 +11,8 @@ import triton
 import triton.language as tl
 from torch import nn
 
+from minivllm.utils.switches import SWITCHES
+
 
 def check_sampling_tensors(
     logits: torch.Tensor, temperatures: torch.Tensor | None, top_ks: torch.Tensor | None, top_ps: torch.Tensor | None
@@ -172,7 +174,7 @@ class Sampler(nn.Module):
             # temperature first, then the filters (vLLM's and HF's order: the nucleus of softmax(logits / T))
             logits = filter_top_k_top_p(logits / t[:, None], top_ks, top_ps)
             temperatures = (temperatures > 0).to(logits.dtype)  # already scaled; 0 stays greedy
-        if logits.is_cuda:  # the kernel reads any float dtype as is
+        if logits.is_cuda or SWITCHES.triton_on_cpu:  # the kernel reads any float dtype as is
             return self.race_kernel(logits, temperatures)
         return exponential_race(logits.float(), temperatures, self.generator)
 

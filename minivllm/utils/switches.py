@@ -20,11 +20,12 @@ class Switches:
     pdl: bool = True  # programmatic dependent launch between our Triton kernels (Hopper and later)
     fused_prologue: bool = True  # QK-norm + RoPE + KV-cache write in one Triton kernel (GPU)
     compile: bool | None = None  # torch.compile the small ops: None = on CUDA tensors only
+    triton_on_cpu: bool = False  # CPU: run the GPU path's Triton kernels (store, prologue, sampler) interpreted
 
     def check(self) -> None:
         if self.decode_kernel not in DECODE_KERNELS:
             raise ValueError(f"unknown decode kernel {self.decode_kernel!r}; choose from {DECODE_KERNELS}")
-        for name in ("pdl", "fused_prologue"):
+        for name in ("pdl", "fused_prologue", "triton_on_cpu"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"switch {name} must be True or False, got {getattr(self, name)!r}")
         if self.compile not in (None, True, False):
