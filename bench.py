@@ -1,181 +1,339 @@
-"""Throughput benchmark on nano-vllm's workload (its bench.py): 256 prompts of random token ids, lengths
-uniform in [100, 1024], temperature 0.6, ignore_eos, max_tokens uniform in [100, 1024]; throughput =
-generated tokens / wall time. The model is a random-weight checkpoint with Qwen3-0.6B's exact config, made
-here when --model is not given (no hub). Prints a table and writes JSON; also computes the workload's
-roofline floor from the sampled lengths and the machine's ceilings.
+"""Throughput benchmarks, measured the way users meet the engine.
 
-  python bench.py                        # the H200 workload (CUDA graphs, fastest attention backend)
-  python bench.py --cpu                  # a small CPU workload vs transformers' generate on the same prompts
+GPU (the default when CUDA is present): nano-vllm's workload (256 prompts of random token ids, lengths uniform
+in [100, 1024], max_tokens uniform in [100, 1024], temperature 0.6, ignore_eos) on a random-weight model with
+Qwen3-0.6B's exact config, made here when --model is not given (no hub). And nano-vllm's procedure, in a fresh
+process: start the engine (timed: init), generate one short prompt ("Benchmark: "), then time the workload
+(the first run), then time it again (the warm runs; the prefix cache is reset in between, so no run reuses
+another's prompts). That process runs twice: first with empty compile caches (a bare machine: Triton,
+inductor and FlashAttention-4 caches in a fresh directory), then again with the caches the first one left on
+disk. Prints a table and writes JSON with, per run, the step timeline and the compilations that happened in it.
+
+CPU (--cpu): the embedded SmolLM2-135M-Instruct, 16 chat prompts x 64 greedy tokens, the engine against
+transformers' generate on the same prompts, in float32 and bfloat16.
+
+  python3 bench.py                  # GPU: bare and cached processes, first run vs warm
+  python3 bench.py --cpu            # CPU: the engine vs transformers on SmolLM2
 """
 
 import argparse
+import json
 import os
-import random
+import subprocess
+import sys
+import tempfile
 import time
 
-import torch
+T_START = time.perf_counter()
 
-from minivllm import LLM, SamplingParams
-from minivllm.layers import attention_backend
-from minivllm.testing.benchmark import phase_times, roofline, save_json, workload
-from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
-from minivllm.utils import pdl, switches
+import torch  # noqa: E402
+
+from minivllm.testing.benchmark import phase_times, roofline, save_json, workload  # noqa: E402
+from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint  # noqa: E402
+
+CACHE_ENV = {  # where each compiler keeps its on-disk cache
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": "flash_attention_cute",
+}
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write a haiku about the sea.",
+    "What is 12 times 7?",
+    "Give me a synonym for happy.",
+    "Why is the sky blue?",
+    "What does a bee make?",
+    "Translate 'good morning' into Spanish.",
+    "How many legs does a spider have?",
+    "What is the boiling point of water?",
+    "Name a planet in our solar system.",
+    "What is the opposite of cold?",
+    "Who wrote Romeo and Juliet?",
+    "What color is a banana?",
+    "Suggest a name for a cat.",
+    "What is the largest ocean?",
+]
 
 
-def run_gpu(args) -> dict:
-    model = args.model or make_tiny_checkpoint(
-        os.path.join(args.cache, "qwen3-0.6b-random"), "qwen3", dtype=torch.bfloat16, **QWEN3_0_6B
-    )
-    if args.decode_kernel:  # the environment reaches the spawned TP workers too
-        os.environ[switches.env_name("decode_kernel")] = args.decode_kernel
-        switches.set(decode_kernel=args.decode_kernel)
-    llm = LLM(
-        model,
-        enforce_eager=args.enforce_eager,
-        tensor_parallel_size=args.tp,
-        attention_backend=args.backend,
-        max_model_len=4096,
-    )
-    prompts, params = workload(0, args.num_seqs, 100, args.max_input_len, args.max_output_len)
-    warm_prompts, _ = workload(1, args.num_seqs, 100, args.max_input_len, args.max_output_len)
-    warm_params = [
-        SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=random.randint(1, 64)) for _ in warm_prompts
-    ]
-    llm.generate(warm_prompts, warm_params, use_tqdm=False)  # compile, JIT, every graph size, sampler
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    start = len(llm.step_log)
+# --- GPU: one process of nano-vllm's procedure --------------------------------------------------------------
+
+
+class CompileCounter:
+    """Counts what compiled inside a timed region: Triton kernels (this process's in-memory misses), torch.compile
+    graphs, and FlashAttention-4 kernel variants."""
+
+    def __init__(self) -> None:
+        self.triton = 0
+        try:
+            from triton.runtime.jit import JITFunction
+
+            original = JITFunction._do_compile
+
+            def counted(fn_self, *args, **kwargs):
+                self.triton += 1
+                return original(fn_self, *args, **kwargs)
+
+            JITFunction._do_compile = counted
+        except (ImportError, AttributeError):
+            self.triton = -1  # this Triton has no such hook: not counted
+
+    def snapshot(self) -> dict:
+        from torch._dynamo.utils import counters
+
+        fa4 = -1
+        if "flash_attn.cute.interface" in sys.modules:
+            fwd = sys.modules["flash_attn.cute.interface"]._flash_attn_fwd
+            fa4 = len(getattr(getattr(fwd, "compile_cache", None), "cache", getattr(fwd, "compile_cache", {})))
+        return dict(triton=self.triton, dynamo_graphs=int(counters["stats"]["unique_graphs"]), fa4=fa4)
+
+
+def one_process(args) -> dict:
+    """nano-vllm's procedure in this process: init, one short prompt, then `runs` timed runs of the workload."""
+    from minivllm import LLM, SamplingParams
+    from minivllm.layers import attention_backend
+
+    counter = CompileCounter()
+    import_s = time.perf_counter() - T_START
     t = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - t
-    tokens = sum(len(o.token_ids) for o in outputs)
-    assert tokens == sum(p.max_tokens for p in params), "every request must produce exactly max_tokens tokens"
+    llm = LLM(args.model, tensor_parallel_size=args.tp, enforce_eager=args.enforce_eager, max_model_len=4096)
+    init_s = time.perf_counter() - t
+    t = time.perf_counter()
+    llm.generate(["Benchmark: "], SamplingParams(temperature=1.0, max_tokens=64), use_tqdm=False)
+    short_s = time.perf_counter() - t
+    prompts, params = workload(0, args.num_seqs, 100, args.max_input_len, args.max_output_len)
+    runs = []
+    for r in range(args.runs):
+        if r:
+            llm.scheduler.block_manager.reset_prefix_cache()  # the same prompts again, none of them cached
+        torch.cuda.synchronize()
+        before, start = counter.snapshot(), len(llm.step_log)
+        t = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - t
+        after = counter.snapshot()
+        tokens = sum(len(o.token_ids) for o in outputs)
+        assert tokens == sum(p.max_tokens for p in params), "every request must produce exactly max_tokens tokens"
+        steps = [
+            [int(s.is_prefill), s.num_seqs, round((s.schedule + s.run + s.postprocess) * 1e3, 3)]
+            for s in llm.step_log[start:]
+        ]
+        runs.append(
+            dict(
+                seconds=seconds,
+                tok_per_s=tokens / seconds,
+                tokens=tokens,
+                phases=phase_times(llm, start),
+                compiled={k: after[k] - before[k] for k in after},
+                steps=steps,
+            )
+        )
     floor = roofline(llm.config.hf_config, [len(p) for p in prompts], [p.max_tokens for p in params])
-    decode_steps = [(r.num_seqs, r.schedule + r.run + r.postprocess) for r in llm.step_log[start:] if not r.is_prefill]
     result = dict(
-        tokens=tokens,
-        seconds=elapsed,
-        tok_per_s=tokens / elapsed,
+        import_s=import_s,
+        init_s=init_s,
+        short_prompt_s=short_s,
+        startup_phases=llm.model_runner.startup_seconds,
+        runs=runs,
         floor=floor,
-        floor_tok_per_s=tokens / floor["floor_s"],
-        measured_over_floor=elapsed / floor["floor_s"],
-        phases=phase_times(llm, start),
-        decode_step_times=decode_steps,
-        peak_memory_gib=torch.cuda.max_memory_allocated() / 2**30,
-        kv_cache_blocks=llm.config.num_kvcache_blocks,
         backend=llm.model_runner.backend,
         decode_kernel=attention_backend.decode_kernel(llm.model_runner.backend),
+        kv_cache_blocks=llm.config.num_kvcache_blocks,
         device=torch.cuda.get_device_name(),
-        num_seqs=args.num_seqs,
-        enforce_eager=args.enforce_eager,
-        tp=args.tp,
-        pdl=pdl.enabled(torch.zeros(1, device="cuda")),
     )
     llm.exit()
     return result
 
 
-def run_cpu(args) -> dict:
-    from transformers import AutoModelForCausalLM
+def run_gpu(args) -> dict:
+    """Two fresh processes of `one_process`: bare (empty compile caches), then cached (what the first left)."""
+    cache_root = args.compile_cache or tempfile.mkdtemp(prefix="minivllm-bench-caches-")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.update({name: os.path.join(cache_root, sub) for name, sub in CACHE_ENV.items()})
+    child = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        "--model",
+        args.model,
+        "--runs",
+        str(args.runs),
+        "--num-seqs",
+        str(args.num_seqs),
+        "--max-input-len",
+        str(args.max_input_len),
+        "--max-output-len",
+        str(args.max_output_len),
+        "--tp",
+        str(args.tp),
+    ]
+    child += ["--enforce-eager"] if args.enforce_eager else []
+    result = dict(compile_cache_dir=cache_root, processes={})
+    for name in ("bare", "cached"):
+        if name == "bare" and any(
+            os.listdir(os.path.join(cache_root, d))
+            for d in CACHE_ENV.values()
+            if os.path.isdir(os.path.join(cache_root, d))
+        ):
+            raise SystemExit(f"--compile-cache {cache_root} is not empty: a bare run needs empty caches")
+        t = time.perf_counter()
+        out = subprocess.run(child, env=env, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise SystemExit(f"the {name} process failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+        process = json.loads(out.stdout.strip().splitlines()[-1])
+        process["wall_s"] = time.perf_counter() - t
+        result["processes"][name] = process
+    return result
 
-    model = args.model or make_tiny_checkpoint(
-        os.path.join(args.cache, "qwen3-tiny-bench"),
-        "qwen3",
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=4,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=32,
-        vocab_size=4096,
-    )
-    prompts, _ = workload(0, args.num_seqs, 16, args.max_input_len, args.max_output_len, max_id=4095)
+
+def summarize_gpu(result: dict) -> list[tuple[str, str]]:
+    rows = []
+    for name, p in result["processes"].items():
+        first, warm = p["runs"][0], p["runs"][1:]
+        warm_tps = sorted(r["tok_per_s"] for r in warm)[len(warm) // 2] if warm else float("nan")
+        p["first_over_warm"] = first["tok_per_s"] / warm_tps
+        p["warm_tok_per_s"] = warm_tps
+        phases = " ".join(f"{k} {v:.1f}" for k, v in p["startup_phases"].items())
+        rows += [
+            (f"{name}: import + engine init s", f"{p['import_s']:.1f} + {p['init_s']:.1f}  ({phases})"),
+            (
+                f"{name}: first run s, tok/s",
+                f"{first['seconds']:.2f}, {first['tok_per_s']:.0f}  (compiled: {first['compiled']})",
+            ),
+            (
+                f"{name}: warm tok/s (median of {len(warm)})",
+                f"{warm_tps:.0f}  (runs: " + ", ".join(f"{r['tok_per_s']:.0f}" for r in warm) + ")",
+            ),
+            (f"{name}: first / warm", f"{p['first_over_warm']:.2f}"),
+        ]
+    p = result["processes"]["cached"]
+    f = p["floor"]
+    rows += [
+        (
+            "roofline floor s (kv/weights/prefill)",
+            f"{f['floor_s']:.2f} ({f['kv_read_s']:.2f}/{f['weights_s']:.2f}/{f['prefill_s']:.2f})",
+        ),
+        ("floor tok/s", f"{p['runs'][0]['tokens'] / f['floor_s']:.0f}"),
+        ("backend", p["backend"]),
+    ]
+    return rows
+
+
+# --- CPU: the engine against transformers on the embedded model --------------------------------------------
+
+
+def run_cpu(args) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from minivllm import LLM, SamplingParams
+    from minivllm.utils.default_model import default_model_dir
+
+    model = args.model or default_model_dir()
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    chats = [[{"role": "user", "content": q}] for q in QUESTIONS[: args.num_seqs]]
+    texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+    prompts = [tokenizer.encode(t) for t in texts]  # as the engine (and the CLI) tokenizes a text prompt
     n = args.max_output_len
-    params = SamplingParams(temperature=0, ignore_eos=True, max_tokens=n)
-    llm = LLM(model, kvcache_block_size=16)
-    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-    t = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    t_engine = time.perf_counter() - t
-    llm.exit()
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])  # left padding
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    t = time.perf_counter()
-    ref = hf.generate(
-        input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0
-    )
-    t_hf = time.perf_counter() - t
-    same = sum(o.token_ids == r[width:].tolist() for o, r in zip(outputs, ref))
-    tokens = len(prompts) * n
+    rows = {}
+    for dtype in ("float32", "bfloat16"):
+        llm = LLM(model, dtype=dtype)
+        llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
+        t = time.perf_counter()
+        outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
+        engine_s = time.perf_counter() - t
+        llm.exit()
+        hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
+        width = max(len(p) for p in prompts)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # left padding
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        hf.generate(input_ids=ids[:1], attention_mask=mask[:1], do_sample=False, max_new_tokens=4, pad_token_id=pad)
+        t = time.perf_counter()
+        with torch.inference_mode():
+            ref = hf.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                pad_token_id=pad,
+            )
+        hf_s = time.perf_counter() - t
+        del hf
+        eos = set(llm.eos)
+        # the engine's ignore_eos may pick EOS and go on; transformers' min_new_tokens masks it: compare up to it
+        same = 0
+        for o, r in zip(outputs, ref[:, width:].tolist()):
+            cut = next((i for i, t in enumerate(o.token_ids) if t in eos), n)
+            same += o.token_ids[:cut] == r[:cut]
+        tokens = len(prompts) * n
+        rows[dtype] = dict(
+            tokens=tokens,
+            seconds=engine_s,
+            tok_per_s=tokens / engine_s,
+            hf_seconds=hf_s,
+            hf_tok_per_s=tokens / hf_s,
+            speedup=hf_s / engine_s,
+            greedy_identical=f"{same}/{len(prompts)}",
+        )
     return dict(
-        tokens=tokens,
-        seconds=t_engine,
-        tok_per_s=tokens / t_engine,
-        hf_seconds=t_hf,
-        hf_tok_per_s=tokens / t_hf,
-        speedup=t_hf / t_engine,
-        greedy_identical=f"{same}/{len(prompts)}",
+        model=os.path.basename(model),
+        num_seqs=len(prompts),
+        max_tokens=n,
+        dtypes=rows,
         device="cpu",
-        num_seqs=args.num_seqs,
+        threads=torch.get_num_threads(),
     )
+
+
+# --- main ----------------------------------------------------------------------------------------------------
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="HF checkpoint dir (default: a random Qwen3-0.6B-shaped model made here)")
-    ap.add_argument("--cpu", action="store_true", help="small CPU workload, compared with transformers' generate")
+    ap.add_argument(
+        "--model",
+        help="HF checkpoint dir (GPU default: a random Qwen3-0.6B-shaped model made here; "
+        "CPU default: the embedded SmolLM2-135M-Instruct)",
+    )
+    ap.add_argument("--cpu", action="store_true", help="the CPU comparison with transformers")
+    ap.add_argument("--runs", type=int, default=3, help="timed runs per process: the first, then warm ones")
     ap.add_argument("--num-seqs", type=int, default=None)
-    ap.add_argument("--max-input-len", type=int, default=None)
+    ap.add_argument("--max-input-len", type=int, default=1024)
     ap.add_argument("--max-output-len", type=int, default=None)
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    ap.add_argument("--backend", choices=["fa4", "flash_attn", "torch"], default=None, help="attention backend")
-    ap.add_argument(
-        "--decode-kernel",
-        choices=["triton", "flash"],
-        default=None,
-        help="decode attention with the flash backends: our Triton kernel (default) or the backend's own",
-    )
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel size")
+    ap.add_argument("--compile-cache", default=None, help="GPU: directory for the compile caches (must be empty)")
     ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "minivllm"))
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/throughput_<device>.json)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one process of the GPU procedure
     args = ap.parse_args()
     cpu = args.cpu or not torch.cuda.is_available()
-    defaults = (32, 256, 128) if cpu else (256, 1024, 1024)
-    args.num_seqs = args.num_seqs or defaults[0]
-    args.max_input_len = args.max_input_len or defaults[1]
-    args.max_output_len = args.max_output_len or defaults[2]
-    result = run_cpu(args) if cpu else run_gpu(args)
-    rows = [
-        ("output tokens", result["tokens"]),
-        ("seconds", f"{result['seconds']:.2f}"),
-        ("output tok/s", f"{result['tok_per_s']:.0f}"),
-    ]
+    args.num_seqs = args.num_seqs or (16 if cpu else 256)
+    args.max_output_len = args.max_output_len or (64 if cpu else 1024)
+    if args.child:
+        print(json.dumps(one_process(args)))
+        return
     if cpu:
-        rows += [
-            ("transformers seconds", f"{result['hf_seconds']:.2f}"),
-            ("transformers tok/s", f"{result['hf_tok_per_s']:.0f}"),
-            ("speed-up", f"{result['speedup']:.1f}x"),
-            ("greedy tokens identical", result["greedy_identical"]),
-        ]
+        result = run_cpu(args)
+        rows = []
+        for dtype, r in result["dtypes"].items():
+            rows += [
+                (f"{dtype}: minivllm s, tok/s", f"{r['seconds']:.2f}, {r['tok_per_s']:.1f}"),
+                (f"{dtype}: transformers s, tok/s", f"{r['hf_seconds']:.2f}, {r['hf_tok_per_s']:.1f}"),
+                (f"{dtype}: speed-up", f"{r['speedup']:.2f}x"),
+                (f"{dtype}: greedy tokens identical", r["greedy_identical"]),
+            ]
+        title = f"{result['num_seqs']} chat prompts x {result['max_tokens']} tokens, {result['model']}, CPU"
     else:
-        f, ph = result["floor"], result["phases"]
-        rows += [
-            (
-                "roofline floor s (kv/weights/prefill)",
-                f"{f['floor_s']:.2f} ({f['kv_read_s']:.2f}/{f['weights_s']:.2f}/{f['prefill_s']:.2f})",
-            ),
-            ("floor tok/s", f"{result['floor_tok_per_s']:.0f}"),
-            ("measured / floor", f"{result['measured_over_floor']:.2f}"),
-            ("prefill steps / s", f"{ph['prefill_steps']} / {ph['prefill_s']:.2f}"),
-            ("decode steps / s", f"{ph['decode_steps']} / {ph['decode_s']:.2f}"),
-            ("host: schedule / postprocess s", f"{ph['schedule_s']:.2f} / {ph['postprocess_s']:.2f}"),
-            ("peak GPU memory GiB", f"{result['peak_memory_gib']:.1f}"),
-            ("backend", result["backend"]),
-        ]
+        args.model = args.model or make_tiny_checkpoint(
+            os.path.join(args.cache, "qwen3-0.6b-random"), "qwen3", dtype=torch.bfloat16, **QWEN3_0_6B
+        )
+        result = run_gpu(args)
+        rows = summarize_gpu(result)
+        title = f"nano-vllm's procedure on {result['processes']['cached']['device']}"
     width = max(len(k) for k, _ in rows)
-    print(f"minivllm bench on {result['device']}")
+    print(f"minivllm bench: {title}")
     for k, v in rows:
         print(f"  {k:<{width}}  {v}")
     save_json(result, args.out or os.path.join("benchmarks", "results", f"throughput_{'cpu' if cpu else 'gpu'}.json"))

@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from minivllm.config import Config
@@ -21,6 +22,16 @@ def kv_cache_shape(config: Config, num_blocks: int) -> tuple[int, ...]:
     num_kv_heads = hf.num_key_value_heads // config.tensor_parallel_size
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     return (2, hf.num_hidden_layers, num_blocks, config.kvcache_block_size, num_kv_heads, head_dim)
+
+
+def allocate_zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero-filled cache (unused rows must be finite: attention multiplies them by zero weights). On CPU the
+    memory comes from calloc through numpy: the OS hands out zero pages as they are first touched, so a 1 GiB
+    budget costs nothing until used (torch.zeros would write every byte up front: ~0.5 s per GiB)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    raw = torch.from_numpy(np.zeros(math.prod(shape) * dtype.itemsize, dtype=np.uint8))
+    return raw.view(dtype).view(shape)
 
 
 def kv_block_bytes(config: Config, dtype: torch.dtype) -> int:

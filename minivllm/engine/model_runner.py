@@ -8,13 +8,15 @@ they reach the device through), `cuda_graphs.py` (decode graphs), `kv_cache.py` 
 one GPU a decode graph holds the whole step: feeding the previous step's tokens, the model, the LM head and
 the sampler, whose tokens land in `last_sampled` (benchmarks/NOTES.md says what each of these saves)."""
 
+import time
+
 import torch
 import torch.distributed as dist
 
 from minivllm.config import Config
 from minivllm.engine import step_inputs
 from minivllm.engine.cuda_graphs import DecodeGraphs
-from minivllm.engine.kv_cache import GpuMemory, kv_block_bytes, kv_cache_shape, num_kvcache_blocks
+from minivllm.engine.kv_cache import GpuMemory, allocate_zeroed, kv_block_bytes, kv_cache_shape, num_kvcache_blocks
 from minivllm.engine.sequence import Sequence
 from minivllm.engine.step_inputs import DecodeLayout, InputBuffers, StepInput
 from minivllm.engine.tp_workers import Reporter, Workers
@@ -31,9 +33,10 @@ class StepHandle:
     """A launched step: `result()` waits for its sampled tokens (one per sequence) and returns them."""
 
     def __init__(self, tokens: torch.Tensor, host: torch.Tensor | None) -> None:
+        # `tokens` may be a view of `last_sampled`, which the next step overwrites: take the values now
         self.n = tokens.shape[0]
-        self.tokens, self.host, self.event = tokens, host, None
-        if host is not None:  # GPU: copy back without waiting
+        self.tokens, self.host, self.event = tokens if host is not None else tokens.clone(), host, None
+        if host is not None:  # GPU: copy back without waiting (ordered before the next step's writes)
             host[: self.n].copy_(tokens, non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record()
@@ -78,17 +81,27 @@ class ModelRunner:
         self.buffers = InputBuffers(max_tokens=max_tokens, layout=layout, device=self.device)
         self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
         self.graphs: DecodeGraphs | None = None
+        self.startup_seconds: dict[str, float] = {}  # where the engine's start went, phase by phase
         with engine_group(self.group):  # the layers shard themselves over this engine's group
-            self.load_model()
+            self.timed("load", self.load_model)
             self.checkpoint("loaded the model")
             if self.device.type == "cuda":  # on CPU nothing compiles and the cache has a byte budget
-                self.warmup_model()
-            self.allocate_kv_cache()
+                self.timed("warmup", self.warmup_model)
+            self.timed("kv_cache", self.allocate_kv_cache)
             self.checkpoint("allocated the KV cache")
+            if self.device.type == "cuda":
+                self.timed("warmup_paged", self.warmup_paged_prefill)
             if not self.enforce_eager:
-                self.capture_cudagraph()
+                self.timed("capture", self.capture_cudagraph)
             self.checkpoint("captured the CUDA graphs")
         self.sampler.reset(config.seed)  # warm-up and capture drew noise: start every run alike
+
+    def timed(self, phase: str, fn) -> None:
+        t = time.perf_counter()
+        fn()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.startup_seconds[phase] = time.perf_counter() - t
 
     def load_model(self) -> None:
         default_dtype = torch.get_default_dtype()
@@ -226,13 +239,22 @@ class ModelRunner:
             self.sampler(logits, t, torch.ones_like(t, dtype=torch.int32), t)
         torch.cuda.synchronize()
 
+    @torch.inference_mode()
+    def warmup_paged_prefill(self) -> None:
+        """A prefill whose keys partly come from the cache (a prefix hit, a later chunk) runs another kernel
+        variant than a fresh one (FlashAttention-4 compiles it on first use): run one now, not in the first
+        request that hits a prefix. Writes a few slots of the (still unused) cache."""
+        seq = Sequence([0] * (self.block_size + 8))
+        seq.block_table = [0, min(1, self.config.num_kvcache_blocks - 1)]
+        seq.num_computed_tokens, seq.num_scheduled_tokens = self.block_size, 8  # the first block is "cached"
+        self.run_model(self.prepare_prefill([seq]))
+
     def allocate_kv_cache(self) -> None:
         block_bytes = kv_block_bytes(self.config, self.dtype)
         gpu = GpuMemory.measure(self.device) if self.device.type == "cuda" else None
         num_blocks = num_kvcache_blocks(self.config, block_bytes, gpu, agree=self.agree_min)
         self.config.num_kvcache_blocks = num_blocks
-        # zero-initialised: unused rows must be finite for the attention kernels
-        self.kv_cache = torch.zeros(kv_cache_shape(self.config, num_blocks), dtype=self.dtype, device=self.device)
+        self.kv_cache = allocate_zeroed(kv_cache_shape(self.config, num_blocks), self.dtype, self.device)
         for i, m in enumerate(self.attn_layers):
             m.k_cache, m.v_cache = self.kv_cache[0, i], self.kv_cache[1, i]
 

@@ -11,6 +11,7 @@ Decode with the flash backends runs our Triton kernel (paged_decode.py: GQA-grou
 batches) unless the `decode_kernel` switch (`utils/switches.py`, MINIVLLM_DECODE_KERNEL=flash) asks for the
 backend's own."""
 
+import os
 import warnings
 from functools import lru_cache
 
@@ -18,6 +19,7 @@ import torch
 
 from minivllm.layers import torch_attention
 from minivllm.layers.paged_decode import paged_decode
+from minivllm.utils.default_model import cache_root
 from minivllm.utils.switches import SWITCHES
 
 BACKENDS = ("flash_attn", "fa4", "torch")
@@ -37,6 +39,10 @@ def _fa2():
 def _fa4():
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         return None
+    # FlashAttention-4 compiles each kernel variant on first use (2-3 s each); its own on-disk cache keeps them
+    # for the next process. Off by default upstream: on here unless the user set it (benchmarks/NOTES.md).
+    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", os.path.join(cache_root(), "flash_attention_cute"))
     try:
         from flash_attn.cute import flash_attn_varlen_func
 

@@ -15,7 +15,10 @@ import triton.language as tl
 from minivllm.utils import pdl
 
 
-@triton.jit
+# The split count is a runtime argument that Triton must not specialise on (by default it compiles a variant
+# per integer that is 1 or a multiple of 16): one compiled kernel for split and one for unsplit launches, not
+# one per split count (each compile costs ~1 s on a machine with no Triton cache; benchmarks/NOTES.md).
+@triton.jit(do_not_specialize=["num_splits"])
 def paged_decode_kernel(
     q_ptr,
     k_cache_ptr,
@@ -26,6 +29,7 @@ def paged_decode_kernel(
     lse_ptr,
     scale,
     table_stride,
+    num_splits,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     D: tl.constexpr,
@@ -33,7 +37,7 @@ def paged_decode_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    SPLITS: tl.constexpr,
+    SPLIT: tl.constexpr,  # num_splits > 1: write partial results and their log-sum-exp
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -51,7 +55,7 @@ def paged_decode_kernel(
         other=0.0,
     )  # (BLOCK_G, BLOCK_D)
     # this split's keys: [start, end), a multiple of BLOCK_N long
-    chunk = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, ctx)
     m = tl.full((BLOCK_G,), -float("inf"), tl.float32)  # running max of the scores (base 2)
@@ -85,21 +89,21 @@ def paged_decode_kernel(
         pdl.launch_dependents()
     out = acc / tl.where(l > 0, l, 1.0)[:, None]  # an empty split or context: zeros
     o_mask = (g[:, None] < GROUP) & (d[None, :] < D)
-    o_offs = ((b * NUM_KV_HEADS * GROUP + heads)[:, None] * SPLITS + split) * D + d[None, :]
+    o_offs = ((b * NUM_KV_HEADS * GROUP + heads)[:, None] * num_splits + split) * D + d[None, :]
     tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=o_mask)
-    if SPLITS > 1:  # log-sum-exp (base 2) of this split's scores
+    if SPLIT:  # log-sum-exp (base 2) of this split's scores
         lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), -float("inf"))
-        tl.store(lse_ptr + (b * NUM_KV_HEADS * GROUP + heads) * SPLITS + split, lse, mask=g < GROUP)
+        tl.store(lse_ptr + (b * NUM_KV_HEADS * GROUP + heads) * num_splits + split, lse, mask=g < GROUP)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def combine_splits_kernel(
     partial_ptr,
     lse_ptr,
     out_ptr,
+    num_splits,
     D: tl.constexpr,
-    SPLITS: tl.constexpr,
-    BLOCK_S: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # a power of 2 >= num_splits
     BLOCK_D: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -109,13 +113,13 @@ def combine_splits_kernel(
     bh = tl.program_id(0)
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    lse = tl.load(lse_ptr + bh * SPLITS + s, mask=s < SPLITS, other=-float("inf"))  # (BLOCK_S,)
+    lse = tl.load(lse_ptr + bh * num_splits + s, mask=s < num_splits, other=-float("inf"))  # (BLOCK_S,)
     top = tl.max(lse, axis=0)
     w = tl.where(lse > -float("inf"), tl.exp2(lse - top), 0.0)
     w = w / tl.maximum(tl.sum(w, axis=0), 1e-30)  # all splits empty (context 0): zeros
     part = tl.load(
-        partial_ptr + (bh * SPLITS + s[:, None]) * D + d[None, :],
-        mask=(s[:, None] < SPLITS) & (d[None, :] < D),
+        partial_ptr + (bh * num_splits + s[:, None]) * D + d[None, :],
+        mask=(s[:, None] < num_splits) & (d[None, :] < D),
         other=0.0,
     ).to(tl.float32)  # (BLOCK_S, BLOCK_D)
     out = tl.sum(part * w[:, None], axis=0)
@@ -124,7 +128,10 @@ def combine_splits_kernel(
     tl.store(out_ptr + bh * D + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
 
 
-def num_splits(batch: int, num_kv_heads: int, max_splits: int = 16) -> int:
+MAX_SPLITS = 16
+
+
+def num_splits(batch: int, num_kv_heads: int, max_splits: int = MAX_SPLITS) -> int:
     """Enough programs for ~2 per SM of an H200 (132 SMs); a function of the batch only, so a CUDA graph
     captured for a batch size keeps it whatever the context lengths."""
     return max(1, min(max_splits, triton.cdiv(264, batch * num_kv_heads)))
@@ -176,6 +183,7 @@ def paged_decode(
         lse,
         scale,
         block_tables.stride(0),
+        splits,
         NUM_KV_HEADS=Hkv,
         GROUP=group,
         D=D,
@@ -183,7 +191,7 @@ def paged_decode(
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=max(16, triton.next_power_of_2(D)),
         BLOCK_N=block_n,
-        SPLITS=splits,
+        SPLIT=splits > 1,
         IEEE=q.dtype == torch.float32 or not q.is_cuda,  # the interpreter's bf16 tl.dot is wrong: fp32 there
         PDL=pdl.enabled(q),
         num_warps=num_warps,
@@ -195,9 +203,9 @@ def paged_decode(
             partial,
             lse,
             out,
+            splits,
             D=D,
-            SPLITS=splits,
-            BLOCK_S=triton.next_power_of_2(splits),
+            BLOCK_S=max(MAX_SPLITS, triton.next_power_of_2(splits)),  # one variant for the engine's splits
             BLOCK_D=triton.next_power_of_2(D),
             PDL=pdl.enabled(q),
             **pdl.launch_kwargs(q),

@@ -93,14 +93,14 @@ def gumbel_argmax_kernel(
     tl.store(best_idx_ptr + row * tl.num_programs(1) + split, col)
 
 
-@triton.jit
-def gumbel_reduce_kernel(best_ptr, best_idx_ptr, out_ptr, seed_ptr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
+@triton.jit(do_not_specialize=["num_splits"])  # one compiled kernel whatever the batch's split count
+def gumbel_reduce_kernel(best_ptr, best_idx_ptr, out_ptr, seed_ptr, num_splits, BLOCK_S: tl.constexpr):
     """One program per row: the best of its splits is the token. Program 0 advances the seed, so the next
     launch (or graph replay) draws new noise; the sampling kernel has finished reading it by now."""
     row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK_S)  # BLOCK_S = next power of 2 >= SPLITS
-    best = tl.load(best_ptr + row * SPLITS + offs, mask=offs < SPLITS, other=-float("inf"))
-    idx = tl.load(best_idx_ptr + row * SPLITS + offs, mask=offs < SPLITS, other=0)
+    offs = tl.arange(0, BLOCK_S)  # BLOCK_S: a power of 2 >= num_splits, fixed per vocabulary size
+    best = tl.load(best_ptr + row * num_splits + offs, mask=offs < num_splits, other=-float("inf"))
+    idx = tl.load(best_idx_ptr + row * num_splits + offs, mask=offs < num_splits, other=0)
     s = tl.argmax(best, axis=0)  # first split of the max: earlier columns win ties
     tl.store(out_ptr + row, tl.sum(tl.where(offs == s, idx, 0), axis=0).to(tl.int64))
     if row == 0:
@@ -131,7 +131,9 @@ def gumbel_sample(
     gumbel_argmax_kernel[(B, splits)](
         logits, logits.stride(0), temperatures, seed, best, best_idx, V, chunk, BLOCK=block
     )
-    gumbel_reduce_kernel[(B,)](best, best_idx, out, seed, SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits))
+    most = triton.cdiv(V, step)  # the most splits any batch gets for this vocabulary
+    block_s = triton.next_power_of_2(max(splits, most))
+    gumbel_reduce_kernel[(B,)](best, best_idx, out, seed, splits, BLOCK_S=block_s)
     return out
 
 

@@ -159,10 +159,14 @@ def paged_decode_attention(
         raise ValueError(
             f"decode: {q.shape[0]} queries but {context_lens.shape[0]} context lengths (one query per sequence)"
         )
-    B, max_blocks = block_tables.shape
     block_size = k_cache.shape[1]
+    width = block_tables.shape[1] * block_size  # keys the tables can reach: no host sync (a CUDA graph may hold this)
+    if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+        width = min(width, max(1, int(context_lens.max())))  # only the keys some sequence has (CPU: 5-10x less copying)
+    pos = torch.arange(width, device=q.device)  # (L,)
     tables = block_tables.clamp(min=0).long()  # -1 padding -> any valid block
-    k = k_cache[tables].flatten(1, 2)  # (B, max_blocks * block_size, Hkv, D)
-    v = v_cache[tables].flatten(1, 2)
-    mask = torch.arange(max_blocks * block_size, device=q.device)[None, :] < context_lens[:, None]  # (B, L)
+    slots = tables[:, pos // block_size] * block_size + pos % block_size  # (B, L) cache slot of key j
+    k = k_cache.flatten(0, 1)[slots]  # (B, L, Hkv, D)
+    v = v_cache.flatten(0, 1)[slots]
+    mask = pos[None, :] < context_lens[:, None]  # (B, L)
     return _sdpa(q[:, None], k, v, scale, mask=mask[:, None, None, :])[:, 0]  # (B, H, D)

@@ -2,7 +2,8 @@
 
 `compiled` decides at call time: compile when the input lives on CUDA (where fusion pays), run eagerly on
 CPU (where inductor's C++ build costs more than it saves in a short run). The `compile` switch
-(`utils/switches.py`, MINIVLLM_COMPILE=1/0) forces either way."""
+(`utils/switches.py`, MINIVLLM_COMPILE=1/0) forces either way. The torch.compile wrapper is made on the
+first call that compiles: making it imports dynamo and inductor (~2 s), which a CPU run never needs."""
 
 import functools
 
@@ -17,14 +18,22 @@ def compile_enabled(x: torch.Tensor) -> bool:
 
 def compiled(fn):
     """Decorator: `fn(self_or_x, x, ...)` runs through torch.compile when `compile_enabled(x)`."""
-    # dynamic=None (automatic): compiled for the first shape, recompiled once with only the dimensions that
-    # changed (the token count) symbolic. dynamic=True would make every dimension symbolic, hidden sizes
-    # too, and the generated kernels were 5-10x slower on the H200 (benchmarks/NOTES.md).
-    fast = torch.compile(fn)
+    # Only the token dimension is symbolic (marked dynamic at each call, so the first compile already covers
+    # every token count: no static compile for the warm-up's shape followed by a recompile in the first run).
+    # dynamic=True would make every dimension symbolic, hidden sizes too, and the generated kernels were
+    # 5-10x slower on the H200 (benchmarks/NOTES.md).
+    fast = None
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        nonlocal fast
         x = next(a for a in args if isinstance(a, torch.Tensor))
-        return fast(*args, **kwargs) if compile_enabled(x) else fn(*args, **kwargs)
+        if not compile_enabled(x):
+            return fn(*args, **kwargs)
+        fast = fast or torch.compile(fn)
+        for a in args:  # dim 0 is the token count everywhere: compile once for any count (not first for one)
+            if isinstance(a, torch.Tensor) and a.dim() > 0:
+                torch._dynamo.maybe_mark_dynamic(a, 0)
+        return fast(*args, **kwargs)
 
     return wrapper

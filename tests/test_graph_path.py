@@ -1,0 +1,72 @@
+"""The decode-graph data path on CPU (minivllm/engine/cuda_graphs.py, step_inputs.py DecodeLayout): CUDA graphs
+cannot be captured without a GPU, but everything around them can run. Here the "graph" of each batch size
+runs its captured step eagerly at every replay, so a CPU engine goes through what a GPU engine with graphs
+does: batches padded to a captured size, inputs uploaded at the fixed offsets the graphs read, the previous
+step's tokens fed on the device, and (with the Triton kernels through the interpreter) the whole step
+including the sampler's race inside the "graph". Tokens must equal the plain eager engine's."""
+
+import pytest
+
+from minivllm import LLM, SamplingParams
+from minivllm.engine.cuda_graphs import DecodeGraphs
+from minivllm.utils import switches
+
+
+class EagerGraphs(DecodeGraphs):
+    """Replaying a batch size runs the captured step function eagerly (what the graph would launch)."""
+
+    def capture(self, step) -> None:
+        self.step = step
+        self.graphs = dict.fromkeys(self.batch_sizes)
+        self.replayed: list[int] = []
+
+    def replay(self, bs: int) -> None:
+        self.replayed.append(bs)
+        self.step(bs)
+
+
+def graph_engine(path: str, **kwargs) -> LLM:
+    """A CPU engine switched to the graph path after start-up (capture never ran on CPU)."""
+    llm = LLM(path, kvcache_block_size=16, max_num_seqs=8, **kwargs)
+    r = llm.model_runner
+    r.enforce_eager, r.sample_in_graph = False, True
+    hidden = llm.config.hf_config.hidden_size
+    r.graphs = EagerGraphs(max_num_seqs=8, hidden_size=hidden, dtype=r.dtype, device=r.device)
+    r.buffers.clear_decode()
+    r.graphs.capture(r.decode_step)
+    return llm
+
+
+PROMPTS = [[(7 * i + n) % 500 + 1 for i in range(n)] for n in (1, 5, 17, 40, 90)]
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.mark.slow
+def test_graph_path_greedy_tokens_equal_eager(tiny_qwen3):
+    eager = LLM(tiny_qwen3, kvcache_block_size=16, max_num_seqs=8)
+    expected = [o.token_ids for o in eager.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    eager.exit()
+    with switches.override(triton_on_cpu=True):  # the sampler's Triton race inside the "graph"
+        llm = graph_engine(tiny_qwen3)
+        got = [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+        graphs = llm.model_runner.graphs
+        llm.exit()
+    assert got == expected
+    assert graphs.replayed and set(graphs.replayed) <= {1, 2, 4, 8}  # padded to captured sizes
+    assert 8 in graphs.replayed  # five sequences decode in the graph of eight: three padding rows
+
+
+@pytest.mark.slow
+def test_graph_path_mixed_batch_keeps_greedy_rows(tiny_qwen3):
+    """A top-k row sends the batch's sampling outside the graph (the graph's draw is discarded): the greedy rows
+    must still get their argmax, the sampled rows their full lengths."""
+    eager = LLM(tiny_qwen3, kvcache_block_size=16, max_num_seqs=8)
+    expected = [o.token_ids for o in eager.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    eager.exit()
+    sampled = SamplingParams(temperature=1.0, top_k=5, max_tokens=12, ignore_eos=True)
+    with switches.override(triton_on_cpu=True):
+        llm = graph_engine(tiny_qwen3)
+        out = llm.generate(PROMPTS, [GREEDY, sampled, GREEDY, sampled, GREEDY], use_tqdm=False)
+        llm.exit()
+    assert [out[i].token_ids for i in (0, 2, 4)] == [expected[i] for i in (0, 2, 4)]
+    assert [len(out[i].token_ids) for i in (1, 3)] == [12, 12]
