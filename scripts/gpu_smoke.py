@@ -1,4 +1,4 @@
-"""GPU smoke check (run on the H200 through the device tool): every attention backend and CUDA graphs on
+"""GPU smoke check (one GPU): every attention backend and CUDA graphs on
 vs off give the same greedy tokens, on a tiny Qwen3 (fp32) and a random Qwen3-0.6B-shaped model (bf16),
 against a reference with torch attention and no programmatic dependent launch."""
 

@@ -1,8 +1,7 @@
 """Tensor-parallel check (issue 7): the engine at tensor_parallel_size=2 against 1, on a random-weight
-Qwen3-0.6B-shaped model. Run on the lent 2-GPU machine through the device tool (kind nvidia-h200-x2,
-carry [".gpuA", ".gpuB"] for FlashAttention-4):
+Qwen3-0.6B-shaped model, on a machine with two GPUs (FlashAttention-4 installed for the bf16 case):
 
-  source .gpuB/device-env.sh; python3 scripts/gpu_tp.py --out $OUT/gpu_tp.json
+  python3 scripts/gpu_tp.py --out gpu_tp.json
 
 It starts 11 engines; if one call's 10 minutes are not enough, split it: `--only fp32,pair` then
 `--only bf16`, each with its own --out. Dry run on CPU (gloo, eager, a tiny Qwen3):

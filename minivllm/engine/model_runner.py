@@ -90,7 +90,7 @@ class ModelRunner:
             self.timed("kv_cache", self.allocate_kv_cache)
             self.checkpoint("allocated the KV cache")
             if self.device.type == "cuda":
-                self.timed("warmup_paged", self.warmup_paged_prefill)
+                self.timed("warmup_variants", self.warmup_prefill_variants)
             if not self.enforce_eager:
                 self.timed("capture", self.capture_cudagraph)
             self.checkpoint("captured the CUDA graphs")
@@ -240,14 +240,20 @@ class ModelRunner:
         torch.cuda.synchronize()
 
     @torch.inference_mode()
-    def warmup_paged_prefill(self) -> None:
-        """A prefill whose keys partly come from the cache (a prefix hit, a later chunk) runs another kernel
-        variant than a fresh one (FlashAttention-4 compiles it on first use): run one now, not in the first
-        request that hits a prefix. Writes a few slots of the (still unused) cache."""
-        seq = Sequence([0] * (self.block_size + 8))
-        seq.block_table = [0, min(1, self.config.num_kvcache_blocks - 1)]
-        seq.num_computed_tokens, seq.num_scheduled_tokens = self.block_size, 8  # the first block is "cached"
-        self.run_model(self.prepare_prefill([seq]))
+    def warmup_prefill_variants(self) -> None:
+        """Prefill kernels come in variants that FlashAttention-4 compiles on first use (2-3 s each): keys
+        fresh or partly from the cache (a prefix hit, a later chunk), and queries that fit in one tile or
+        not. warmup_model ran the fresh long one; run the other three now, not inside the first requests
+        (benchmarks/NOTES.md). Writes a few slots of the still unused cache."""
+        c = self.config
+        cached = self.block_size  # one block of keys "from the cache"
+        room = min(c.max_num_batched_tokens, c.max_model_len - cached)  # positions must stay in the model's range
+        for num_cached, num_new in [(0, 1)] + [(cached, n) for n in (8, min(512, room)) if n <= room]:
+            seq = Sequence([0] * (num_cached + num_new))
+            blocks = -(-(num_cached + num_new) // self.block_size)
+            seq.block_table = [b % self.config.num_kvcache_blocks for b in range(blocks)]
+            seq.num_computed_tokens, seq.num_scheduled_tokens = num_cached, num_new
+            self.run_model(self.prepare_prefill([seq]))
 
     def allocate_kv_cache(self) -> None:
         block_bytes = kv_block_bytes(self.config, self.dtype)
