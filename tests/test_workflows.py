@@ -69,7 +69,7 @@ def test_gpu_job_runs_the_gpu_check_script_off_forks():
 def test_gpu_check_script_parts(tmp_path):
     script = (ROOT / "scripts" / "gpu_check.sh").read_text()
     assert "../shared" not in script
-    for part in ("tests)", "notebooks|notebooks:*)", "tp)", "bench)", "profile)", "smoke)"):
+    for part in ("tests)", "notebooks|notebooks:*)", "tp|tp:14|tp:script)", "bench)", "profile)", "smoke)"):
         assert part in script, part
     assert "-m gpu" in script and "--nbval --nbval-current-env" in script
     assert "MINIVLLM_REQUIRE_FA4=1" in script and "MINIVLLM_REQUIRE_GPUS=2" in script
