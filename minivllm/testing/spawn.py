@@ -11,33 +11,37 @@ import torch.distributed as dist
 from minivllm.utils.dist import free_port, init_process_group
 
 
-def _spawn_entry(rank: int, world_size: int, port: int, fn, args, queue) -> None:
+def _spawn_entry(rank: int, world_size: int, port: int, fn, args, queue, group: bool) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    init_process_group(rank, world_size, port, "gloo")
+    if group:
+        init_process_group(rank, world_size, port, "gloo")
     try:
         result = fn(rank, world_size, *args)
         queue.put((rank, pickle.dumps(result)))  # by value: torch would share tensors through this
         # process's fds, gone once it exits
-        dist.barrier()  # no rank tears gloo down while another still talks to it
+        if group:
+            dist.barrier()  # no rank tears gloo down while another still talks to it
     finally:
-        dist.destroy_process_group()
+        if group:
+            dist.destroy_process_group()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip C++ static destructors: at interpreter exit a leftover thread aborted the process
     # ("terminate called without an active exception") in about one notebook run in five
 
 
-def run_tp(fn, world_size: int = 2, args: tuple = ()) -> list:
+def run_tp(fn, world_size: int = 2, args: tuple = (), group: bool = True) -> list:
     """Run `fn(rank, world_size, *args)` in `world_size` gloo processes; return each rank's result in
-    rank order. `fn` must be importable (a module-level function), results picklable."""
+    rank order. `fn` must be importable (a module-level function), results picklable. `group=False` leaves
+    the process group to `fn` (a ModelRunner joins its engine's own group)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     context = mp.start_processes(
         _spawn_entry,
-        args=(world_size, free_port(), fn, args, queue),
+        args=(world_size, free_port(), fn, args, queue, group),
         nprocs=world_size,
         join=False,
         start_method="spawn",
