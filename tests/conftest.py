@@ -46,3 +46,47 @@ def tiny_llama(tmp_path_factory) -> str:
         hidden_size=96,
         tie_word_embeddings=False,
     )
+
+
+# --- bf16 greedy against a reference, up to what bf16 itself gets wrong -------------------------------------
+
+
+@torch.inference_mode()
+def teacher_forced_logits(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """A transformers model's logits (len(tokens), vocab) for each of `tokens` given the prompt and the tokens
+    before it: one forward over prompt + tokens."""
+    ids = torch.tensor([prompt + tokens], device=model.device)
+    return model(ids).logits[0, len(prompt) - 1 : len(prompt) - 1 + len(tokens)].double()
+
+
+def bf16_greedy_margin(ref_logits: list[torch.Tensor], truth_logits: list[torch.Tensor]) -> float:
+    """How far apart two fp32 logits must be for a right bf16 model to be bound to rank them as fp32 does:
+    twice the largest error the bf16 reference makes on the fp32 model's top-2 gap over all its steps (ours
+    and the reference may each err that much, in opposite directions). Per sequence, (steps, vocab) each."""
+    err = 0.0
+    for ref, truth in zip(ref_logits, truth_logits):
+        top2 = truth.topk(2, dim=-1).indices  # (steps, 2)
+        gap_truth = truth.gather(1, top2).double()
+        gap_ref = ref.gather(1, top2.to(ref.device)).double()
+        err = max(err, ((gap_ref[:, 0] - gap_ref[:, 1]) - (gap_truth[:, 0] - gap_truth[:, 1])).abs().max().item())
+    return 2 * err
+
+
+def assert_greedy_within_bf16(
+    tokens: list[list[int]], ref_tokens: list[list[int]], truth_logits: list[torch.Tensor], margin: float
+) -> tuple[int, int]:
+    """`tokens[i][s]` is our greedy pick given the reference's history `ref_tokens[i][:s]` (teacher forced), so
+    every step is compared: a pick other than the reference's is allowed only where the fp32 logits of the
+    two are within `margin`. Returns (steps where any token but the fp32 argmax would have failed, all steps)."""
+    compared = total = 0
+    for i, (ours, ref, truth) in enumerate(zip(tokens, ref_tokens, truth_logits)):
+        assert len(ours) == len(ref) == truth.shape[0], f"sequence {i}: {len(ours)} tokens, reference {len(ref)}"
+        top2 = truth.topk(2, dim=-1).values  # (steps, 2)
+        for s, (a, b) in enumerate(zip(ours, ref)):
+            gap = abs(truth[s, a] - truth[s, b]).item()
+            assert a == b or gap < margin, (
+                f"sequence {i} step {s}: ours {a}, reference {b}, fp32 logits {gap:.3f} apart (margin {margin:.3f})"
+            )
+        compared += int((top2[:, 0] - top2[:, 1] >= margin).sum())
+        total += len(ref)
+    return compared, total
