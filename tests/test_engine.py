@@ -4,7 +4,6 @@ prefix cache, and at TP=2; running sequences keep decoding while a long prompt i
 conditions; bad requests are refused with clear errors and leave the engine serving; TP workers never
 outlive their engine or their driver process."""
 
-import json
 import multiprocessing
 import os
 import shutil
@@ -20,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import assert_greedy_within_bf16, bf16_greedy_margin, teacher_forced_logits
+from conftest import assert_greedy_within_bf16, bf16_greedy_margin, teacher_forced_logits, with_generation_config
 from minivllm import LLM, SamplingParams
 
 N = 10  # tokens generated per prompt
@@ -273,20 +272,6 @@ def test_eos_stops_unless_ignored_and_special_tokens_are_stripped(eos_model):
         assert "<|endoftext|>" in tokenizer.decode(out.token_ids)
         assert "<|endoftext|>" not in out.text
         assert out.text == tokenizer.decode(out.token_ids, skip_special_tokens=True)
-
-
-def with_generation_config(src: str, dst: str, eos_token_id) -> str:
-    """A copy of checkpoint `src` whose generation_config.json lists `eos_token_id` (None: no such file)."""
-    shutil.copytree(src, dst)
-    path = os.path.join(dst, "generation_config.json")
-    if eos_token_id is None:
-        os.remove(path)
-        return dst
-    with open(path) as f:
-        config = json.load(f)
-    with open(path, "w") as f:
-        json.dump({**config, "eos_token_id": eos_token_id}, f)
-    return dst
 
 
 def test_a_list_of_eos_ids_in_the_generation_config(tiny_qwen3, hf, tmp_path):
