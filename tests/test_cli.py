@@ -239,7 +239,7 @@ def test_an_engine_that_cannot_start_is_one_line(tiny_qwen3, monkeypatch, tmp_pa
 
     def no_room(config, block_bytes, gpu=None, agree=lambda n: n):  # as a full GPU would leave it
         config.cpu_kvcache_bytes = block_bytes - 1
-        return sizing(config, block_bytes, gpu, agree)
+        return sizing(config, block_bytes, None, agree)  # the CPU budget, also on a GPU machine
 
     monkeypatch.setattr(model_runner, "num_kvcache_blocks", no_room)
     assert main(["--model", tiny_qwen3, "--no-chat-template", "hello"]) == 2

@@ -167,7 +167,7 @@ def test_bf16_engine_on_cpu_agrees_with_transformers_up_to_bf16_error(tiny_qwen3
     token is checked given transformers' bf16 history: after a disagreement (a near tie), the engine goes on
     from the reference's tokens. It must give transformers' token wherever the fp32 logits of the two are
     further apart than twice transformers' own bf16 error (tests/conftest.py, as in test_model.py)."""
-    llm = engine(tiny_qwen3, dtype="bfloat16")
+    llm = engine(tiny_qwen3, dtype="bfloat16", device="cpu")
     assert llm.model_runner.kv_cache.dtype == torch.bfloat16
     ref_model = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.bfloat16).eval()
     truth_model = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32).eval()

@@ -150,7 +150,7 @@ def test_triton_paths_in_the_engine_on_cpu_match_the_torch_paths(tiny_qwen3, nex
             )
         }
         with switches.override(**switch):
-            llm = LLM(tiny_qwen3, **{**ARGS, "max_model_len": 64}, num_kvcache_blocks=256, seed=3)
+            llm = LLM(tiny_qwen3, **{**ARGS, "max_model_len": 64}, num_kvcache_blocks=256, seed=3, device="cpu")
             outs = llm.generate(prompts + prompts[:1], [greedy] * 3 + [hot], use_tqdm=False)
             outs += llm.generate([hit], greedy, use_tqdm=False)
             assert llm.scheduler.block_manager.num_prefix_hits == 1

@@ -55,7 +55,7 @@ def test_nothing_left_for_the_cache_is_a_clear_error(tiny_qwen3):
     with pytest.raises(RuntimeError, match=r"one block needs 8192 bytes\): .* too small \(cpu_kvcache_bytes=8191\)"):
         num_kvcache_blocks(c, 8192)
     with pytest.raises(RuntimeError, match=r"too small \(cpu_kvcache_bytes=8191\)"):
-        LLM(tiny_qwen3, kvcache_block_size=16, cpu_kvcache_bytes=8191)
+        LLM(tiny_qwen3, kvcache_block_size=16, cpu_kvcache_bytes=8191, device="cpu")
 
 
 def test_the_ranks_agree_on_the_smallest_count(tiny_qwen3):
@@ -67,7 +67,7 @@ def test_the_ranks_agree_on_the_smallest_count(tiny_qwen3):
 
 
 def test_the_engine_allocates_and_refuses_by_the_count(tiny_qwen3):
-    llm = LLM(tiny_qwen3, kvcache_block_size=16, cpu_kvcache_bytes=5 * 8192 + 100, max_model_len=256)
+    llm = LLM(tiny_qwen3, kvcache_block_size=16, cpu_kvcache_bytes=5 * 8192 + 100, max_model_len=256, device="cpu")
     assert llm.config.num_kvcache_blocks == 5 and llm.model_runner.kv_cache.shape[2] == 5
     with pytest.raises(ValueError, match="needs 6 KV blocks; the cache has only 5"):
         llm.generate([[1] * 80], SamplingParams(max_tokens=10), use_tqdm=False)
