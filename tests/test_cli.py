@@ -221,7 +221,7 @@ def test_the_console_script_runs_main(capsys):
     (script,) = [e for e in dist.entry_points if e.group == "console_scripts" and e.name == "minivllm"]
     with pytest.raises(SystemExit) as e:
         script.load()(["--help"])
-    assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: minivllm")
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: minivllm [-h]")
 
 
 # --- errors: one line, never a traceback ---------------------------------------------------------------
