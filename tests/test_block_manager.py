@@ -191,6 +191,21 @@ def test_freed_blocks_keep_their_hash_until_reallocated():
     assert bm.allocate_prefix(Sequence([7] * 16 + [1])) == 16
 
 
+def test_the_oldest_free_block_is_reused_first():
+    """Eviction order: a freed block keeps its K/V for the prefix cache until it is reused, the oldest free
+    block first. Blocks freed earlier go before blocks freed later, and a freed sequence's blocks go from its
+    last to its first, so its first blocks, the prefix other requests share, are evicted last."""
+    bm = BlockManager(8, 4)
+    a = computed(bm, list(range(1, 14)))  # 13 tokens: blocks 0-3, the three full ones cached
+    c = computed(bm, list(range(21, 34)))  # blocks 4-7
+    bm.deallocate(a)  # free, oldest first: 3 2 1 0
+    bm.deallocate(c)  # then 7 6 5 4
+    d = computed(bm, [9] * 8)  # two blocks: a's last two (its partial tail, then its third full block)
+    assert d.block_table == [3, 2]
+    assert bm.allocate_prefix(Sequence(list(range(21, 34)))) == 12  # c, freed later: all of it still cached
+    assert bm.allocate_prefix(Sequence(list(range(1, 14)))) == 8  # a: its first two blocks
+
+
 def test_a_hash_collision_is_caught_by_the_token_check(monkeypatch):
     monkeypatch.setattr(BlockManager, "compute_hash", staticmethod(lambda token_ids, prefix=-1: 12345))
     bm = BlockManager(8, 4)

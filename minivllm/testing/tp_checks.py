@@ -359,11 +359,27 @@ def engine_steps(rank: int, world_size: int, model: str, port: int, prompts: lis
     return dict(rank=rank, steps=steps, num_layers=config.hf_config.num_hidden_layers)
 
 
+# --- the ranks' agreement on the KV block count --------------------------------------------------------
+
+
+def agree_min_check(rank: int) -> int:
+    """ModelRunner.agree_min with a different block count on each rank (40, 25, 10, ...): every rank must get
+    the smallest. Only world_size and device of the runner are used, so no model is built."""
+    from minivllm.engine.model_runner import ModelRunner
+
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.world_size, runner.device = tp_size(), torch.device("cpu")
+    return runner.agree_min(40 - 15 * rank)
+
+
 # --- the spawned entry point -------------------------------------------------------------------------
 
 
 def tp_worker(
-    rank: int, world_size: int, seed: int = 0, parts: tuple[str, ...] = ("linear", "vocab", "decoder", "errors")
+    rank: int,
+    world_size: int,
+    seed: int = 0,
+    parts: tuple[str, ...] = ("linear", "vocab", "decoder", "errors", "agree_min"),
 ) -> dict:
     """Run the requested checks on this rank; the result travels back to the parent through run_tp."""
     torch.manual_seed(seed)
@@ -372,5 +388,7 @@ def tp_worker(
         result = {part: run[part](seed) for part in parts if part in run}
     if "errors" in parts:
         result["errors"] = error_checks()
+    if "agree_min" in parts:
+        result["agree_min"] = agree_min_check(rank)
     result["rank"], result["world_size"] = tp_rank(), tp_size()
     return result
