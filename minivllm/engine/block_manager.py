@@ -107,6 +107,16 @@ class BlockManager:
             self.hash_to_block_id.setdefault(block.hash, block.block_id)
             seq.num_hashed_blocks += 1
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (vLLM's reset_prefix_cache: benchmarks start cold). Only when no block is
+        in use, since a running sequence's registered blocks must stay findable; returns whether it reset."""
+        if self.used_block_ids:
+            return False
+        self.hash_to_block_id.clear()
+        for block in self.blocks:
+            block.hash, block.token_ids = -1, []
+        return True
+
     def deallocate(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):
             block = self.blocks[block_id]
