@@ -16,7 +16,7 @@ def is_token_ids(x) -> bool:
 
 
 def is_integer(x) -> bool:
-    return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, bool)
+    return type(x) is int or (isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, bool))
 
 
 def is_single_prompt(prompts) -> bool:

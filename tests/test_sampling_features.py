@@ -71,7 +71,9 @@ PENALTIES = [
     dict(repetition_penalty=1.8),
     dict(repetition_penalty=0.6),
     dict(presence_penalty=1.5),
+    dict(presence_penalty=-2.0),  # boosts the output's tokens, not the prompt's
     dict(frequency_penalty=1.2),
+    dict(frequency_penalty=-1.5),
     dict(repetition_penalty=1.3, presence_penalty=-0.5, frequency_penalty=0.7),
 ]
 

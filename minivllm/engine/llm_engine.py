@@ -196,13 +196,16 @@ class LLMEngine:
         share = self.config.enable_prefix_caching and len(request.prompt_token_ids) > self.config.kvcache_block_size
         first, rest = request.seqs[0], request.seqs[1:]
         for seq in request.seqs:
-            if seq.sampling_params.stop or seq.sampling_params.output_kind != FINAL_ONLY:
-                seq.detokenizer = Detokenizer(self.tokenizer, seq.sampling_params)
-            if seq.sampling_params.logprobs is not None:
+            sp = seq.sampling_params
+            if sp.stop or sp.output_kind != FINAL_ONLY:
+                seq.detokenizer = Detokenizer(self.tokenizer, sp)
+            if sp.logprobs is not None:
                 seq.logprobs = []
+            seq.output_work = seq.detokenizer is not None or seq.logprobs is not None
         self.scheduler.add(first)
-        if share:
+        if share and rest:
             request.deferred = rest
+            first.output_work = True  # its first token releases them
         else:
             for seq in rest:
                 self.scheduler.add(seq)
@@ -267,11 +270,12 @@ class LLMEngine:
         """Wait for a launched step's tokens, account them, and make the outputs."""
         tokens, logprobs = launched.handle.result()
         t = time.perf_counter()
-        live = [(seq, pos) for seq, pos in launched.sampled if not seq.is_finished]  # aborted ones are dropped
-        self.scheduler.on_result(launched.seqs, launched.sampled, tokens)
+        # sequences with per-token work (an aborted one's token is dropped); the others need nothing until done
+        work = [(seq, pos) for seq, pos in launched.sampled if seq.output_work and not seq.is_finished]
+        finished = self.scheduler.on_result(launched.seqs, launched.sampled, tokens)
         rows = {id(s): i for i, s in enumerate(launched.seqs)} if logprobs else None
         changed: dict[str, list[Sequence]] = {}
-        for seq, pos in live:
+        for seq, pos in work:
             if seq.logprobs is not None:
                 self._add_logprobs(seq, seq.token_ids[pos], logprobs[rows[id(seq)]])
             if seq.detokenizer is not None:
@@ -279,11 +283,14 @@ class LLMEngine:
                 if stop is not None:
                     if not seq.is_finished:
                         self.scheduler.finish(seq, "stop")
+                        finished.append(seq)
                     seq.finish_reason, seq.stop_reason = "stop", stop
             if seq.index == 0 and pos == seq.num_prompt_tokens and self.requests[seq.request_id].deferred:
                 self._release_deferred(self.requests[seq.request_id])
-            if seq.is_finished or seq.sampling_params.output_kind != FINAL_ONLY:
+            if not seq.is_finished and seq.sampling_params.output_kind != FINAL_ONLY:
                 changed.setdefault(seq.request_id, []).append(seq)
+        for seq in finished:
+            changed.setdefault(seq.request_id, []).append(seq)
         outputs = []
         for rid, seqs in changed.items():
             request = self.requests[rid]

@@ -163,7 +163,7 @@ class ModelRunner:
 
     def step(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         """Rank 0: run one step on every rank and wait for one sampled token per sequence."""
-        return self.launch(seqs, is_prefill).result()
+        return self.launch(seqs, is_prefill).result()[0]
 
     def launch(self, seqs: list[Sequence], is_prefill: bool) -> StepHandle:
         """Rank 0: prepare and launch one step on every rank without waiting for it (on a GPU the host goes on

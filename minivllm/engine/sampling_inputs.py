@@ -67,8 +67,10 @@ def prepare_sampling(
     """The step's SamplingInputs. `in_graph`: the decode graph samples, so it reads temperatures even when
     every row is greedy."""
     sps = [s.sampling_params for s in seqs]
-    extra = [
-        i for i, (s, sp) in enumerate(zip(seqs, sps)) if sp.needs_processing or sp.min_tokens > s.num_completion_tokens
+    extra = [  # rows that need more than temperature (min_tokens only until reached)
+        i
+        for i, (s, sp) in enumerate(zip(seqs, sps))
+        if sp.needs_processing or (sp.min_tokens and sp.min_tokens > s.num_completion_tokens)
     ]
     greedy = all(sp.temperature == 0 for sp in sps)
     out = SamplingInputs()

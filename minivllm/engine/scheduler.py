@@ -151,14 +151,14 @@ class Scheduler:
                 seq.last_token = token_id
             self.block_manager.register_computed(seq)
             sp = seq.sampling_params
-            num_output = pos + 1 - seq.num_prompt_tokens
+            num_output, reason = pos + 1 - seq.num_prompt_tokens, None
             if num_output >= sp.min_tokens and not sp.ignore_eos and token_id in self.eos:
-                self.finish(seq, "stop")
+                reason = "stop"
             elif num_output >= sp.min_tokens and token_id in sp.stop_token_ids:
-                seq.stop_reason = token_id
-                self.finish(seq, "stop")
+                seq.stop_reason, reason = token_id, "stop"
             elif num_output >= sp.max_tokens or pos + 1 >= self.max_model_len:
-                self.finish(seq, "length")
-            if seq.is_finished:
+                reason = "length"
+            if reason is not None:
+                self.finish(seq, reason)
                 finished.append(seq)
         return finished

@@ -46,6 +46,7 @@ class Sequence:
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
         # --- outputs (llm_engine.py) ---
         self.generator = None  # torch.Generator of a seeded request, made on the engine's device at first use
+        self.output_work = False  # something to do at each of its tokens (below, a stream, or children waiting)
         self.detokenizer = None  # Detokenizer when text is needed at every step (stop strings, streaming)
         self.logprobs: list | None = None  # per output token {token id: Logprob}, when requested
         self.cumulative_logprob = 0.0
