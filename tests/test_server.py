@@ -354,7 +354,7 @@ def start_server(model: str, port: int, *flags: str) -> subprocess.Popen:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig, tp", [(signal.SIGTERM, 1), (signal.SIGINT, 1), (signal.SIGTERM, 2)])
+@pytest.mark.parametrize("sig, tp", [(signal.SIGINT, 1), (signal.SIGTERM, 2)])
 def test_signal_ends_requests_and_leaves_nothing_behind(chat_model, sig, tp):
     port = free_port()
     proc = start_server(chat_model, port, "--tensor-parallel-size", str(tp))

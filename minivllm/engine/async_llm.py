@@ -37,8 +37,10 @@ class EngineDeadError(RuntimeError):
 
 
 class AsyncLLM:
-    def __init__(self, model: str, **engine_args) -> None:
-        self.engine = LLMEngine(model, **engine_args)
+    def __init__(self, model: str | LLMEngine, **engine_args) -> None:
+        """An engine on `model` (a checkpoint directory, with engine arguments), or around an engine made
+        already; either way the AsyncLLM owns it from now on (shutdown() stops it)."""
+        self.engine = model if isinstance(model, LLMEngine) else LLMEngine(model, **engine_args)
         self.tokenizer = copy.deepcopy(self.engine.tokenizer)  # the event loop's own: never shared across threads
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self.streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # engine thread only
