@@ -81,10 +81,20 @@ def all_blocks_free(llm: AsyncLLM) -> bool:
 # --- the endpoints ---------------------------------------------------------------------------------------------
 
 
-def test_models_and_health(server, client):
+def test_models_health_and_reset_prefix_cache(server, client):
     (card,) = client.models.list().data
     assert card.id == NAME and card.object == "model"
     assert httpx.get(server.url + "/health").status_code == 200
+    prompt = IDS[0] * 3  # > 2 blocks
+    client.completions.create(model=NAME, prompt=prompt, max_tokens=2)
+    bm = server.llm.engine.scheduler.block_manager
+    hits = bm.num_prefix_hits
+    client.completions.create(model=NAME, prompt=prompt, max_tokens=2)
+    assert bm.num_prefix_hits > hits
+    assert httpx.post(server.url + "/reset_prefix_cache").json() == {"reset": True}
+    hits = bm.num_prefix_hits
+    client.completions.create(model=NAME, prompt=prompt, max_tokens=2)
+    assert bm.num_prefix_hits == hits  # cold
 
 
 def test_completions_equal_offline_generate(client, offline):

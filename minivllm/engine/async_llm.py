@@ -83,6 +83,15 @@ class AsyncLLM:
         whose finish_reason is "abort"."""
         self.commands.put(("abort", request_id))
 
+    async def reset_prefix_cache(self) -> bool:
+        """The engine's reset_prefix_cache, run in the engine thread between steps (benchmarks start cold)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.commands.put(("call", self.engine.reset_prefix_cache, loop, future))
+        if self.closed:
+            self._drain(EngineDeadError(f"the engine is not running: {self.error!r}"))
+        return await future
+
     def abort_all(self) -> None:
         """Abort every request (thread-safe, and safe in a signal handler: SimpleQueue.put is reentrant)."""
         self.commands.put(("abort_all",))
@@ -138,6 +147,12 @@ class AsyncLLM:
                 self._abort([command[1]] if isinstance(command[1], str) else list(command[1]))
             elif command[0] == "abort_all":
                 self._abort(list(self.engine.requests))
+            elif command[0] == "call":  # a function that must run in this thread, its result to a future
+                _, fn, loop, future = command
+                try:
+                    _send(loop, future.set_result, fn())
+                except Exception as e:
+                    _send(loop, future.set_exception, e)
             else:  # stop
                 self._abort(list(self.engine.requests))
                 return False
@@ -178,6 +193,8 @@ class AsyncLLM:
                 return
             if command[0] == "add":
                 _send(command[2], command[3].put_nowait, error)
+            elif command[0] == "call":
+                _send(command[2], command[3].set_exception, error)
 
 
 def _send(loop: asyncio.AbstractEventLoop, fn, *args) -> None:

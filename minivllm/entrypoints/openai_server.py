@@ -1,6 +1,7 @@
 """An OpenAI-compatible HTTP server over the async engine (vLLM's `vllm serve`; FastAPI + uvicorn):
 GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions, the last two also streaming
-(`"stream": true`: server-sent events, one `data: {chunk}` per step with new text, then `data: [DONE]`).
+(`"stream": true`: server-sent events, one `data: {chunk}` per step with new text, then `data: [DONE]`), and
+vLLM's POST /reset_prefix_cache (for benchmarks).
 
 Each HTTP request becomes one engine request per prompt (their `n` sequences are the choices); their
 outputs are merged into one response. Bad input is a 400 with OpenAI's error body {"error": {"message",
@@ -192,6 +193,10 @@ def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) 
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200) if llm.is_running else error_response("the engine stopped", status=503)
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict:  # vLLM's (benchmarks start each run with a cold cache)
+        return dict(reset=await llm.reset_prefix_cache())
 
     @app.get("/v1/models")
     async def models() -> dict:
