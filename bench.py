@@ -105,7 +105,7 @@ def one_process(args) -> dict:
     runs = []
     for r in range(args.runs):
         if r:
-            llm.scheduler.block_manager.reset_prefix_cache()  # the same prompts again, none of them cached
+            assert llm.reset_prefix_cache()  # the same prompts again, none of them cached
         torch.cuda.synchronize()
         before, start = counter.snapshot(), len(llm.step_log)
         t = time.perf_counter()

@@ -1,7 +1,93 @@
-"""The user-facing class: `LLM(model_dir, **engine_args).generate(prompts, SamplingParams(...))`."""
+"""The user-facing class, vLLM's offline API: `LLM(model_dir, **engine_args)` with `generate(prompts,
+sampling_params)`, `chat(messages, sampling_params)`, `get_tokenizer()` and `reset_prefix_cache()`. It drives
+the engine's step API (llm_engine.py) until its requests are done; the server drives the same API from its
+own loop (engine/async_llm.py). Prompts take every form of minivllm/inputs.py."""
+
+import time
+from itertools import count
+
+from tqdm import tqdm
 
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.inputs import is_conversation, is_single_prompt, render_chat
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM(LLMEngine):
-    pass
+    def __init__(self, model: str, **kwargs) -> None:
+        super().__init__(model, **kwargs)
+        self.request_counter = count()
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    def generate(
+        self,
+        prompts,
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Outputs of `prompts` (one prompt or a list), in input order, when all are done. The batch is checked
+        whole before anything is queued: one bad prompt refuses all, with every problem named."""
+        if is_single_prompt(prompts):
+            prompts = [prompts]
+        sampling_params = sampling_params if sampling_params is not None else SamplingParams()
+        if not isinstance(sampling_params, list):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
+        requests, problems = [], []
+        for i, (prompt, sp) in enumerate(zip(prompts, sampling_params)):
+            try:
+                rid = next(r for r in map(str, self.request_counter) if r not in self.requests)
+                requests.append(self.make_request(rid, prompt, sp, output_kind=RequestOutputKind.FINAL_ONLY))
+            except (ValueError, TypeError) as e:
+                problems.append(f"prompt {i}: {e}")
+        if problems:  # refuse the batch before anything is queued
+            raise ValueError("; ".join(problems))
+        for request in requests:
+            self.queue_request(request)
+        return self._run(requests, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict | None = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of {"role", "content"} messages) or to a list of them,
+        each rendered by the tokenizer's chat template with the assistant's turn opened."""
+        conversations = [messages] if is_conversation(messages) else messages
+        prompts = [
+            render_chat(self.tokenizer, c, add_generation_prompt, **(chat_template_kwargs or {})) for c in conversations
+        ]
+        # the template writes the special tokens itself (a BOS included): tokenize without adding more
+        ids = [{"prompt_token_ids": self.tokenizer.encode(p, add_special_tokens=False)} for p in prompts]
+        outputs = self.generate(ids, sampling_params, use_tqdm)
+        for output, prompt in zip(outputs, prompts):
+            output.prompt = prompt
+        return outputs
+
+    def _run(self, requests: list, use_tqdm: bool) -> list[RequestOutput]:
+        """Step the engine until every one of `requests` has finished; their outputs in order."""
+        outputs: dict[str, RequestOutput] = {}
+        wanted = {r.request_id for r in requests}
+        pbar = tqdm(total=len(requests), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
+        t0, tokens, start = time.perf_counter(), {True: 0, False: 0}, len(self.step_log)  # prefill, decode
+        while len(outputs) < len(requests):
+            for output in self.step():
+                if output.finished and output.request_id in wanted:
+                    outputs[output.request_id] = output
+                    pbar.update(1)
+            if use_tqdm:
+                for record in self.step_log[start:]:
+                    tokens[record.is_prefill] += record.num_tokens
+                start, dt = len(self.step_log), max(time.perf_counter() - t0, 1e-9)
+                pbar.set_postfix(
+                    prefill=f"{tokens[True] / dt:.0f}tok/s", decode=f"{tokens[False] / dt:.0f}tok/s", refresh=False
+                )
+        pbar.close()
+        return [outputs[r.request_id] for r in requests]

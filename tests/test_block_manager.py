@@ -128,7 +128,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 TestBlockManagerMachine = BlockManagerMachine.TestCase
 TestBlockManagerMachine.settings = settings(
-    max_examples=120, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=250, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 
 

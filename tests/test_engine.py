@@ -68,13 +68,13 @@ def engine(path: str, **kwargs) -> LLM:
     return LLM(path, **{**ARGS, "num_kvcache_blocks": 64, **kwargs})
 
 
-def record_schedule(llm: LLM) -> list[list[tuple[int, int, int, int]]]:
-    """Wrap the scheduler: per step, (seq_id, computed, scheduled, num_tokens) of every scheduled sequence."""
+def record_schedule(llm: LLM) -> list[list[tuple[str, int, int, int]]]:
+    """Wrap the scheduler: per step, (request_id, computed, scheduled, num_tokens) of every scheduled sequence."""
     steps, schedule = [], llm.scheduler.schedule
 
     def wrapped():
         seqs = schedule()
-        steps.append([(s.seq_id, s.num_computed_tokens, s.num_scheduled_tokens, s.num_tokens) for s in seqs])
+        steps.append([(s.request_id, s.num_computed_tokens, s.num_scheduled_tokens, s.num_tokens) for s in seqs])
         return seqs
 
     llm.scheduler.schedule = wrapped
@@ -115,7 +115,7 @@ def test_chunked_prefill_keeps_outputs(tiny_qwen3, hf):
     assert all(sum(n for _, _, n, _ in step) <= 16 for step in steps)
     assert all(len(step) <= 4 for step in steps)
     longest = outs[-1].request_id  # 52 prompt tokens
-    prefill_steps = [n for step in steps for sid, done, n, _ in step if sid == longest and done < 52]
+    prefill_steps = [n for step in steps for rid, done, n, _ in step if rid == longest and done < 52]
     assert len(prefill_steps) >= 4 and sum(prefill_steps) == 52  # 52 tokens in chunks of <= 16
 
 
@@ -212,27 +212,28 @@ def test_running_sequences_decode_while_a_long_prompt_is_chunked(tiny_qwen3, hf)
     llm = engine(tiny_qwen3, max_num_batched_tokens=16)
     short_prompt, long_prompt = ID_PROMPTS[1], ID_PROMPTS[4] * 2  # 7 and 104 tokens
     sp_short = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    short_id = llm.add_request(short_prompt, sp_short)
-    short = next(s for s in llm.scheduler.waiting if s.seq_id == short_id)
-    finished = []
+    llm.add_request("short", short_prompt, sp_short)
+    short = llm.requests["short"].seqs[0]
+    finished = {}
+
+    def step():
+        finished.update({o.request_id: o.token_ids for o in llm.step() if o.finished})
+
     while short.num_completion_tokens == 0:
-        finished += llm.step()[0]
-    llm.add_request(long_prompt, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
-    long = llm.scheduler.waiting[-1]
+        step()
+    llm.add_request("long", long_prompt, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    long = llm.requests["long"].seqs[0]
     chunks = 0
     while long.num_computed_tokens < long.num_prompt_tokens:
         before = short.num_completion_tokens
-        finished += llm.step()[0]
+        step()
         chunks += 1
         assert short.num_completion_tokens == before + 1, "the running sequence skipped a step"
         assert long.num_computed_tokens <= long.num_prompt_tokens
     assert chunks >= 7  # 104 tokens, <= 15 per step
-    while not llm.is_finished():
-        finished += llm.step()[0]
-    assert {s.seq_id: s.completion_token_ids for s in finished} == {
-        short.seq_id: hf(short_prompt, 20),
-        long.seq_id: hf(long_prompt, 3),
-    }
+    while llm.has_unfinished_requests():
+        step()
+    assert finished == {"short": hf(short_prompt, 20), "long": hf(long_prompt, 3)}
 
 
 # --- stop conditions, ordering, per-prompt parameters, seeds -----------------------------------------------
@@ -354,14 +355,14 @@ def test_bad_request_is_refused_and_the_engine_keeps_serving(tiny_qwen3, hf, pro
         llm.generate([good, prompt], [GREEDY, sp], use_tqdm=False)
     assert llm.is_finished()  # nothing of the batch was queued
     # add_request: the refused one never enters the queue, the queued ones complete
-    first = llm.add_request(good, GREEDY)
+    llm.add_request("first", good, GREEDY)
     with pytest.raises((ValueError, TypeError), match=message):
-        llm.add_request(prompt, sp)
-    second = llm.add_request(ID_PROMPTS[1], GREEDY)
+        llm.add_request("bad", prompt, sp)
+    llm.add_request("second", ID_PROMPTS[1], GREEDY)
     done = {}
-    while not llm.is_finished():
-        done.update({s.seq_id: s.completion_token_ids for s in llm.step()[0]})
-    assert done == {first: hf(good), second: hf(ID_PROMPTS[1])}
+    while llm.has_unfinished_requests():
+        done.update({o.request_id: o.token_ids for o in llm.step() if o.finished})
+    assert done == {"first": hf(good), "second": hf(ID_PROMPTS[1])}
     assert llm.generate([good], GREEDY, use_tqdm=False)[0].token_ids == hf(good)  # and the next call works
 
 
@@ -371,7 +372,7 @@ def test_bad_request_is_refused_and_the_engine_keeps_serving(tiny_qwen3, hf, pro
         (dict(max_tokens=0), "max_tokens must be an integer >= 1"),
         (dict(temperature=-0.5), "temperature must be >= 0"),
         (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
-        (dict(top_k=-1), "top_k must be an integer >= 0"),
+        (dict(top_k=-2), "top_k must be an integer >= 0"),
     ],
 )
 def test_bad_sampling_params(kwargs, message):

@@ -176,7 +176,7 @@ def test_sampler_rejects_bad_shapes():
 
 @pytest.mark.parametrize(
     "field, value",
-    [("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1), ("max_tokens", 0), ("top_k", 2.5)],
+    [("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("max_tokens", 0), ("top_k", 2.5)],
 )
 def test_sampling_params_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):

@@ -200,7 +200,7 @@ def workloads(draw):
     )
 
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "one-step-ahead"])

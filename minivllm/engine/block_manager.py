@@ -107,12 +107,16 @@ class BlockManager:
             self.hash_to_block_id.setdefault(block.hash, block.block_id)
             seq.num_hashed_blocks += 1
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached prefix (vLLM's reset_prefix_cache): later requests recompute their prompts.
-        Blocks in use stay with their sequences; they are just no longer found by a lookup."""
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (vLLM's reset_prefix_cache: benchmarks start cold). Only when no block is
+        in use: a running sequence chains its next blocks' hashes on its registered ones. Returns whether it
+        reset."""
+        if self.used_block_ids:
+            return False
         self.hash_to_block_id.clear()
-        for block_id in self.free_block_ids:
-            self.blocks[block_id].hash, self.blocks[block_id].token_ids = -1, []
+        for block in self.blocks:
+            block.hash, block.token_ids = -1, []
+        return True
 
     def deallocate(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):

@@ -1,21 +1,42 @@
-"""The engine loop (nano-vllm's llm_engine.py): add requests, step until done. Requests are validated at
-add_request, so a bad one is refused with a clear error and never enters the queue."""
+"""The engine (nano-vllm's llm_engine.py) and its step API, vLLM's: `add_request(request_id, prompt, params)`,
+`abort_request(ids)`, `step() -> list[RequestOutput]`, `has_unfinished_requests()`. `LLM.generate` (llm.py)
+and the server's loop (async_llm.py) both drive it through these four calls. Requests are validated before
+they are queued, so a bad one is refused with a clear error and never enters the scheduler.
+
+One step ahead (the engine's speed on a GPU). `step()` schedules, prepares and launches step N+1 while step
+N still runs on the GPU, the sequences' newest tokens being PENDING placeholders on the host that the GPU
+feeds in from step N's output (step_inputs.py); only then does it read step N's tokens back and turn them
+into outputs. The host work of a step hides behind the GPU work of the previous one. The launch waits for
+the step in flight instead when the next step needs its tokens on the host:
+- with tensor parallelism: the workers receive each step's token ids from rank 0;
+- when a request in flight has penalties: they count every previous token of the request, so its newest
+  one must be known (sampling_inputs.py). Only batches holding such a request lose the overlap.
+
+A request of `n` completions has `n` sequences. With prefix caching, sequences 1..n-1 wait until sequence 0
+has computed the prompt and then find its blocks in the prefix cache, so the prompt is computed once.
+
+Aborting frees a request's blocks at once (scheduler.py: `finish`), also while a step that computes it is
+in flight: that step's token for it is discarded when it arrives."""
 
 import atexit
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
-from tqdm import tqdm
 from transformers import AutoTokenizer, GenerationConfig
 
 from minivllm.config import Config
-from minivllm.engine.model_runner import ModelRunner
+from minivllm.engine.detokenizer import Detokenizer
+from minivllm.engine.model_runner import ModelRunner, StepHandle
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.sequence import Sequence
 from minivllm.engine.tp_workers import Workers
-from minivllm.sampling_params import SamplingParams
+from minivllm.inputs import parse_prompt
+from minivllm.outputs import CompletionOutput, Logprob, RequestOutput
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 from minivllm.utils.dist import free_port
+
+FINAL_ONLY, DELTA = RequestOutputKind.FINAL_ONLY, RequestOutputKind.DELTA
 
 
 @dataclass(slots=True)
@@ -31,17 +52,28 @@ class StepRecord:
 
 
 @dataclass(slots=True)
-class RequestOutput:
+class Launched:
+    """A step launched on the device whose tokens have not been read back yet."""
+
+    seqs: list[Sequence]
+    sampled: list[tuple[Sequence, int]]  # (sequence, position of its PENDING token)
+    handle: StepHandle
+    record: StepRecord
+    needs_history: bool  # a request in it has penalties: finish it before the next launch
+
+
+@dataclass(slots=True)
+class Request:
+    request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
-    text: str
-    token_ids: list[int]
-    finish_reason: str  # "stop" (EOS or a stop token) or "length"
-    request_id: int = -1
-    outputs: list = field(default_factory=list)  # vLLM's shape: outputs[0].text, filled with self
+    params: SamplingParams  # the engine's copy (max_tokens resolved)
+    seqs: list[Sequence]  # n of them
+    deferred: list[Sequence]  # not yet scheduled: waiting for seqs[0] to compute the shared prompt
 
-    def __post_init__(self) -> None:
-        self.outputs = [self]
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
 
 
 def eos_token_ids(model: str, tokenizer) -> list[int]:
@@ -70,9 +102,12 @@ class LLMEngine:
             raise
         self.tokenizer = AutoTokenizer.from_pretrained(model)
         self.eos = eos_token_ids(model, self.tokenizer)
+        self.model_runner.eos = self.eos
         self.scheduler = Scheduler(config, self.eos)
         self.vocab_size = config.hf_config.vocab_size
-        self.prompts: dict[int, str | None] = {}
+        self.requests: dict[str, Request] = {}  # unfinished, by id
+        self.in_flight: Launched | None = None
+        self.overlap = config.tensor_parallel_size == 1  # TP workers need each step's tokens on the host
         self.step_log: list[StepRecord] = []
         this = weakref.ref(self)  # at exit, stop the workers of an engine still alive
         self._atexit = lambda: this() is not None and this().exit()
@@ -90,11 +125,6 @@ class LLMEngine:
 
     # --- requests --------------------------------------------------------------------------------------
 
-    def tokenize(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
-        return list(prompt)
-
     def check_request(self, token_ids: list[int], sp: SamplingParams) -> None:
         c = self.config
         if not isinstance(sp, SamplingParams):
@@ -104,32 +134,124 @@ class LLMEngine:
         bad = [t for t in token_ids if not (isinstance(t, int) and 0 <= t < self.vocab_size)]
         if bad:
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
-        total = len(token_ids) + sp.max_tokens
+        bad = [t for t in sp.stop_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"stop_token_ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        if sp.max_tokens is None and len(token_ids) >= c.max_model_len:
+            raise ValueError(
+                f"prompt of {len(token_ids)} tokens leaves no room for output within max_model_len {c.max_model_len}"
+            )
+        max_tokens = sp.max_tokens if sp.max_tokens is not None else c.max_model_len - len(token_ids)
+        total = len(token_ids) + max_tokens
         if total > c.max_model_len:
             raise ValueError(
-                f"prompt of {len(token_ids)} tokens + max_tokens {sp.max_tokens} = {total} exceeds "
+                f"prompt of {len(token_ids)} tokens + max_tokens {max_tokens} = {total} exceeds "
                 f"max_model_len {c.max_model_len}"
             )
         blocks = (total + c.kvcache_block_size - 1) // c.kvcache_block_size
         if blocks > c.num_kvcache_blocks:
             raise ValueError(
-                f"prompt of {len(token_ids)} tokens + max_tokens {sp.max_tokens} needs {blocks} KV blocks; "
+                f"prompt of {len(token_ids)} tokens + max_tokens {max_tokens} needs {blocks} KV blocks; "
                 f"the cache has only {c.num_kvcache_blocks}"
             )
 
-    def add_request(
-        self, prompt: str | list[int], sampling_params: SamplingParams, token_ids: list[int] | None = None
-    ) -> int:
-        token_ids = token_ids if token_ids is not None else self.tokenize(prompt)
-        self.check_request(token_ids, sampling_params)
-        seq = Sequence(token_ids, sampling_params)
-        self.prompts[seq.seq_id] = prompt if isinstance(prompt, str) else None
-        self.scheduler.add(seq)
-        return seq.seq_id
+    def make_request(
+        self,
+        request_id: str,
+        prompt,
+        params: SamplingParams | None = None,
+        *,
+        output_kind: RequestOutputKind | None = None,
+        tokenizer=None,
+    ) -> Request:
+        """Tokenize and validate a request without queueing it (thread-safe: reads no scheduler state; pass
+        another `tokenizer` from another thread). Raises ValueError / TypeError naming the problem."""
+        if not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a string, got {type(request_id).__name__}")
+        params = params if params is not None else SamplingParams()
+        text, token_ids = parse_prompt(prompt)
+        if token_ids is None:
+            token_ids = (tokenizer or self.tokenizer).encode(text)
+        self.check_request(token_ids, params)
+        changes = dict(output_kind=output_kind if output_kind is not None else params.output_kind)
+        if params.max_tokens is None:
+            changes["max_tokens"] = self.config.max_model_len - len(token_ids)
+        params = replace(params, **changes)  # the engine's own copy
+        seqs = []
+        for i in range(params.n):  # child i draws from seed + i, as vLLM
+            child = replace(params, n=1, seed=params.seed + i) if params.n > 1 and params.seed is not None else params
+            seqs.append(Sequence(token_ids, child, request_id, i))
+        return Request(request_id, text, token_ids, params, seqs, [])
+
+    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None) -> None:
+        """Queue a request (vLLM's signature; `prompt` in any form of minivllm/inputs.py). It joins the batch
+        at the next step."""
+        self.queue_request(self.make_request(request_id, prompt, params))
+
+    def queue_request(self, request: Request) -> None:
+        """Queue a request made by make_request."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        self.requests[request.request_id] = request
+        share = self.config.enable_prefix_caching and len(request.prompt_token_ids) > self.config.kvcache_block_size
+        first, rest = request.seqs[0], request.seqs[1:]
+        for seq in request.seqs:
+            sp = seq.sampling_params
+            if sp.stop or sp.output_kind != FINAL_ONLY:
+                seq.detokenizer = Detokenizer(self.tokenizer, sp)
+            if sp.logprobs is not None:
+                seq.logprobs = []
+            seq.output_work = seq.detokenizer is not None or seq.logprobs is not None
+        self.scheduler.add(first)
+        if share and rest:
+            request.deferred = rest
+            first.output_work = True  # its first token releases them
+        else:
+            for seq in rest:
+                self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str | list[str]) -> None:
+        """Abort requests (unknown or finished ids are ignored): their sequences leave the batch and their
+        blocks are freed now, wherever they are (waiting, running, or in the step in flight)."""
+        for rid in [request_id] if isinstance(request_id, str) else list(request_id):
+            request = self.requests.pop(rid, None)
+            for seq in request.seqs if request is not None else []:
+                if not seq.is_finished:
+                    self.scheduler.finish(seq, "abort")
+
+    def has_unfinished_requests(self) -> bool:
+        """Requests not finished yet, or a step still in flight (whose tokens step() reads back)."""
+        return bool(self.requests) or self.in_flight is not None
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def is_finished(self) -> bool:
+        return not self.has_unfinished_requests()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the prefix cache (only when no request holds blocks); returns whether it did."""
+        return self.scheduler.block_manager.reset_prefix_cache()
 
     # --- the loop --------------------------------------------------------------------------------------
 
-    def _launch(self) -> tuple | None:
+    def step(self) -> list[RequestOutput]:
+        """Launch the next step, then read back the one in flight (the module docstring says why in this
+        order). Returns the outputs of the requests that got new tokens (per their output_kind)."""
+        outputs, progressed = [], False
+        if self.in_flight is not None and (not self.overlap or self.in_flight.needs_history):
+            in_flight, self.in_flight = self.in_flight, None  # the next launch needs its tokens
+            outputs, progressed = self._finish(in_flight), True
+        launched = self._launch() if self.requests else None
+        if self.in_flight is not None:
+            outputs += self._finish(self.in_flight)
+            progressed = True
+        self.in_flight = launched
+        if launched is None and not progressed and self.requests:
+            raise RuntimeError("scheduler produced an empty step while requests are pending")
+        return outputs
+
+    def _launch(self) -> Launched | None:
         """Schedule one step and launch it without waiting. None when nothing can be scheduled now."""
         t0 = time.perf_counter()
         seqs = self.scheduler.schedule()
@@ -141,92 +263,98 @@ class LLMEngine:
         handle = self.model_runner.launch(seqs, is_prefill)
         sampled = self.scheduler.on_launch(seqs)
         record.schedule, record.run = t1 - t0, time.perf_counter() - t1
-        return seqs, sampled, handle, record
+        needs_history = any(s.sampling_params.needs_history for s in seqs)
+        return Launched(seqs, sampled, handle, record, needs_history)
 
-    def _finish(self, launched: tuple) -> list[Sequence]:
-        """Wait for a launched step's tokens and account them. Returns the sequences that finished."""
-        seqs, sampled, handle, record = launched
+    def _finish(self, launched: Launched) -> list[RequestOutput]:
+        """Wait for a launched step's tokens, account them, and make the outputs."""
+        tokens, logprobs = launched.handle.result()
         t = time.perf_counter()
-        finished = self.scheduler.on_result(seqs, sampled, handle.result())
-        record.postprocess = time.perf_counter() - t
-        self.step_log.append(record)
-        return finished
+        # sequences with per-token work (an aborted one's token is dropped); the others need nothing until done
+        work = [(seq, pos) for seq, pos in launched.sampled if seq.output_work and not seq.is_finished]
+        finished = self.scheduler.on_result(launched.seqs, launched.sampled, tokens)
+        rows = {id(s): i for i, s in enumerate(launched.seqs)} if logprobs else None
+        changed: dict[str, list[Sequence]] = {}
+        for seq, pos in work:
+            if seq.logprobs is not None:
+                self._add_logprobs(seq, seq.token_ids[pos], logprobs[rows[id(seq)]])
+            if seq.detokenizer is not None:
+                stop = seq.detokenizer.add(seq.output_token_ids, final=seq.is_finished)
+                if stop is not None:
+                    if not seq.is_finished:
+                        self.scheduler.finish(seq, "stop")
+                        finished.append(seq)
+                    seq.finish_reason, seq.stop_reason = "stop", stop
+            if seq.index == 0 and pos == seq.num_prompt_tokens and self.requests[seq.request_id].deferred:
+                self._release_deferred(self.requests[seq.request_id])
+            if not seq.is_finished and seq.sampling_params.output_kind != FINAL_ONLY:
+                changed.setdefault(seq.request_id, []).append(seq)
+        for seq in finished:
+            changed.setdefault(seq.request_id, []).append(seq)
+        outputs = []
+        for rid, seqs in changed.items():
+            request = self.requests[rid]
+            output = self._output(request, seqs)
+            if output is not None:
+                outputs.append(output)
+            if output is not None and output.finished:
+                del self.requests[rid]
+        launched.record.postprocess = time.perf_counter() - t
+        self.step_log.append(launched.record)
+        return outputs
 
-    def step(self) -> tuple[list[Sequence], int, bool]:
-        """One step, waited for. Returns (finished sequences, tokens computed, whether it was a prefill step)."""
-        launched = self._launch()
-        if launched is None:
-            raise RuntimeError("scheduler produced an empty step while requests are pending")
-        record = launched[3]
-        return self._finish(launched), record.num_tokens, record.is_prefill
+    def _release_deferred(self, request: Request) -> None:
+        """Sequence 0 has computed the prompt (its first token arrived): its full blocks are in the prefix
+        cache, where the other sequences find them. They go to the front of the queue (they arrived with it)."""
+        for seq in reversed(request.deferred):
+            self.scheduler.add(seq, front=True)
+        request.deferred = []
 
-    def is_finished(self) -> bool:
-        return self.scheduler.is_finished()
+    # --- outputs ----------------------------------------------------------------------------------------
 
-    def output(self, seq: Sequence) -> RequestOutput:
-        return RequestOutput(
-            self.prompts.pop(seq.seq_id, None),
-            seq.prompt_token_ids,
-            self.tokenizer.decode(seq.completion_token_ids, skip_special_tokens=True),
-            seq.completion_token_ids,
-            seq.finish_reason,
-            seq.seq_id,
+    def _add_logprobs(self, seq: Sequence, token: int, entry: tuple) -> None:
+        top_ids, top_logprobs, logprob, rank = entry
+        k = seq.sampling_params.logprobs
+        decode = lambda t: self.tokenizer.decode([t])
+        step = {token: Logprob(logprob, rank, decode(token))}  # the sampled token first, as vLLM
+        for r, (t, lp) in enumerate(zip(top_ids[:k], top_logprobs[:k]), start=1):
+            step[t] = Logprob(lp, r, decode(t))
+        seq.logprobs.append(step)
+        seq.cumulative_logprob += logprob
+
+    def _completion(self, seq: Sequence) -> CompletionOutput:
+        """Everything `seq` has produced so far (the text held back where a stop string may start)."""
+        sp, done = seq.sampling_params, seq.is_finished
+        ids = seq.output_token_ids
+        if seq.detokenizer is not None:
+            text = seq.detokenizer.visible(done)
+        else:  # decoded once, at the end (FINAL_ONLY without stop strings)
+            text = self.tokenizer.decode(ids, skip_special_tokens=sp.skip_special_tokens)
+        return CompletionOutput(
+            index=seq.index,
+            text=text,
+            token_ids=ids,
+            cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
+            logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
         )
 
-    def generate(
-        self,
-        prompts: list[str] | list[list[int]] | str,
-        sampling_params: SamplingParams | list[SamplingParams] | None = None,
-        use_tqdm: bool = True,
-    ) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        sampling_params = sampling_params if sampling_params is not None else SamplingParams()
-        if not isinstance(sampling_params, list):
-            sampling_params = [sampling_params] * len(prompts)
-        if len(sampling_params) != len(prompts):
-            raise ValueError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
-        token_ids = [self.tokenize(p) for p in prompts]
-        problems = []
-        for i, (ids, sp) in enumerate(zip(token_ids, sampling_params)):
-            try:
-                self.check_request(ids, sp)
-            except (ValueError, TypeError) as e:
-                problems.append(f"prompt {i}: {e}")
-        if problems:  # refuse the batch before anything is queued
-            raise ValueError("; ".join(problems))
-        seq_ids = [self.add_request(p, sp, ids) for p, sp, ids in zip(prompts, sampling_params, token_ids)]
-        outputs: dict[int, RequestOutput] = {}
-        pbar = tqdm(total=len(prompts), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
-        t0, tokens = time.perf_counter(), {True: 0, False: 0}  # computed tokens: prefill, decode
-        for finished in self.run_until_done():
-            for seq in finished:
-                outputs[seq.seq_id] = self.output(seq)
-            pbar.update(len(finished))
-            if use_tqdm:
-                record, dt = self.step_log[-1], max(time.perf_counter() - t0, 1e-9)
-                tokens[record.is_prefill] += record.num_tokens
-                pbar.set_postfix(
-                    prefill=f"{tokens[True] / dt:.0f}tok/s", decode=f"{tokens[False] / dt:.0f}tok/s", refresh=False
-                )
-        pbar.close()
-        return [outputs[i] for i in seq_ids]
-
-    def run_until_done(self):
-        """Step until every request has finished, yielding the sequences finished at each step.
-
-        With one GPU the loop runs one step ahead: step N+1 is scheduled, prepared and launched while step N
-        runs, its sampled tokens fed on the device (placeholders on the host), and step N's tokens are read
-        back only afterwards. The host work of a step hides behind the GPU work of the previous one. With
-        tensor parallelism the workers need the tokens on the host, so each step waits for its own."""
-        overlap = self.config.tensor_parallel_size == 1
-        in_flight = None  # a launched step whose tokens are not read yet
-        while not self.scheduler.is_finished() or in_flight:
-            launched = self._launch() if not self.scheduler.is_finished() else None
-            if launched is None and in_flight is None:
-                raise RuntimeError("scheduler produced an empty step while requests are pending")
-            if not overlap and launched:
-                in_flight, launched = launched, None
-            if in_flight:
-                yield self._finish(in_flight)
-            in_flight = launched
+    def _output(self, request: Request, changed: list[Sequence]) -> RequestOutput | None:
+        """The request's output after a step in which `changed` got tokens: None while a FINAL_ONLY request
+        runs; for DELTA only what is new (changed sequences only); else everything so far."""
+        kind, finished = request.params.output_kind, request.finished
+        if kind == FINAL_ONLY and not finished:
+            return None
+        if kind != DELTA:
+            completions = [self._completion(s) for s in request.seqs]
+        else:
+            completions = []
+            for seq in sorted(changed, key=lambda s: s.index):
+                c = self._completion(seq)
+                tokens, chars = seq.num_sent_tokens, seq.num_sent_chars
+                seq.num_sent_tokens, seq.num_sent_chars = len(c.token_ids), len(c.text)
+                c.token_ids, c.text = c.token_ids[tokens:], c.text[chars:]
+                c.logprobs = c.logprobs[tokens:] if c.logprobs is not None else None
+                completions.append(c)
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, completions, finished)

@@ -17,11 +17,14 @@ from minivllm.config import Config
 from minivllm.engine import step_inputs
 from minivllm.engine.cuda_graphs import DecodeGraphs
 from minivllm.engine.kv_cache import GpuMemory, allocate_zeroed, kv_block_bytes, kv_cache_shape, num_kvcache_blocks
+from minivllm.engine.sampling_inputs import SamplingInputs, prepare_sampling
 from minivllm.engine.sequence import Sequence
 from minivllm.engine.step_inputs import DecodeLayout, InputBuffers, StepInput
 from minivllm.engine.tp_workers import Reporter, Workers
 from minivllm.layers import attention_backend
 from minivllm.layers.attention import Attention
+from minivllm.layers.logprobs import LogprobsTensors, add_sampled, raw_logprobs
+from minivllm.layers.penalties import apply_penalties, ban_tokens
 from minivllm.layers.sampler import Sampler
 from minivllm.models.qwen3 import Qwen3ForCausalLM
 from minivllm.utils.context import reset_context, set_context
@@ -30,22 +33,26 @@ from minivllm.utils.loader import load_model
 
 
 class StepHandle:
-    """A launched step: `result()` waits for its sampled tokens (one per sequence) and returns them."""
+    """A launched step: `result()` waits for its sampled tokens (one per sequence) and returns them, with the
+    log-probabilities of the rows that asked for them ({row: (top ids, top logprobs, logprob, rank)})."""
 
-    def __init__(self, tokens: torch.Tensor, host: torch.Tensor | None) -> None:
+    def __init__(self, tokens: torch.Tensor, host: torch.Tensor | None, logprobs: LogprobsTensors | None = None):
         # `tokens` may be a view of `last_sampled`, which the next step overwrites: take the values now
         self.n = tokens.shape[0]
         self.tokens, self.host, self.event = tokens if host is not None else tokens.clone(), host, None
+        self.logprobs = logprobs
         if host is not None:  # GPU: copy back without waiting (ordered before the next step's writes)
             host[: self.n].copy_(tokens, non_blocking=True)
             self.event = torch.cuda.Event()
             self.event.record()
 
-    def result(self) -> list[int]:
+    def result(self) -> tuple[list[int], dict[int, tuple]]:
         if self.event is None:
-            return self.tokens.tolist()
-        self.event.synchronize()
-        return self.host[: self.n].tolist()
+            tokens = self.tokens.tolist()
+        else:
+            self.event.synchronize()
+            tokens = self.host[: self.n].tolist()
+        return tokens, self.logprobs.tolists() if self.logprobs is not None else {}
 
 
 class ModelRunner:
@@ -58,6 +65,8 @@ class ModelRunner:
         reporter: Reporter | None = None,
     ) -> None:
         self.config = config
+        self.eos: list[int] = []  # end-of-sequence ids, masked until a request's min_tokens (the engine sets them)
+        self.vocab_size = config.hf_config.vocab_size
         self.block_size = config.kvcache_block_size
         self.world_size = config.tensor_parallel_size
         self.rank = rank
@@ -136,26 +145,39 @@ class ModelRunner:
             always_feed=self.sample_in_graph,
         )
 
-    def prepare_sample(self, seqs: list[Sequence], in_graph: bool = False):
-        """(temperatures, top_ks, top_ps) on the device; None where not needed: temperatures when every row is
-        greedy (unless the graph samples: it reads them), top_ks / top_ps when no row filters."""
-        sp = [s.sampling_params for s in seqs]
-        if all(p.temperature == 0 for p in sp) and not in_graph:  # all greedy: argmax, no noise, no filters
-            return None, None, None
-        top_ks = [p.top_k for p in sp]
-        filtering = any(top_ks) or any(p.top_p < 1 for p in sp)
-        temperatures, top_ps = self.buffers.upload_floats(
-            [p.temperature for p in sp], [p.top_p for p in sp] if filtering else None
+    def prepare_sample(self, seqs: list[Sequence], in_graph: bool = False) -> SamplingInputs:
+        """The step's sampling tensors on the device (sampling_inputs.py): temperatures only for the common
+        batch (None when every row is greedy, unless the graph samples: it reads them), more for rows that
+        ask for penalties, min_tokens, seeds, filters or logprobs."""
+        return prepare_sampling(
+            seqs, self.buffers, device=self.device, eos=self.eos, vocab=self.vocab_size, in_graph=in_graph
         )
-        if not filtering:
-            return temperatures, None, None
-        return temperatures, torch.tensor(top_ks, dtype=torch.int32).to(self.device, non_blocking=True), top_ps
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, s: SamplingInputs) -> tuple[torch.Tensor, LogprobsTensors | None]:
+        """Tokens (B,) int64 from the step's logits (B, V), in vLLM's order: raw logprobs, min_tokens,
+        penalties, then the sampler (temperature, filters, the race; seeded rows from their own streams)."""
+        logprobs = None
+        if s.logprob_rows:
+            raw, logprobs = raw_logprobs(logits, s.logprob_rows, s.num_logprobs)
+        if s.banned is not None or s.penalties is not None:
+            logits = logits.float()  # (B, V), changed in place below
+            if s.banned is not None:
+                ban_tokens(logits, *s.banned)
+            if (p := s.penalties) is not None:
+                logits[p.rows] = apply_penalties(
+                    logits[p.rows], p.output_counts, p.prompt_mask, p.presence, p.frequency, p.repetition
+                )
+        tokens = self.sampler(logits, s.temperatures, s.top_ks, s.top_ps, min_ps=s.min_ps, generators=s.generators)
+        if logprobs is not None:
+            add_sampled(logprobs, raw, tokens)
+        return tokens, logprobs
 
     # --- running a step ---------------------------------------------------------------------------------
 
     def step(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         """Rank 0: run one step on every rank and wait for one sampled token per sequence."""
-        return self.launch(seqs, is_prefill).result()
+        return self.launch(seqs, is_prefill).result()[0]
 
     def launch(self, seqs: list[Sequence], is_prefill: bool) -> StepHandle:
         """Rank 0: prepare and launch one step on every rank without waiting for it (on a GPU the host goes on
@@ -168,15 +190,16 @@ class ModelRunner:
             self.workers.send("run_model", inputs)
         in_graph = self.sample_in_graph and not is_prefill
         sampling = self.prepare_sample(seqs, in_graph)
-        graph_sampled = in_graph and sampling[1] is None  # no top-k / top-p row: the graph's draw stands
+        graph_sampled = in_graph and sampling.plain  # temperatures only: the graph's draw stands
         with engine_group(self.group):
             logits = self.run_model(inputs, need_logits=not graph_sampled)
+        logprobs = None
         if graph_sampled:
             tokens = self.last_sampled[: len(seqs)]  # the graph sampled them
-        else:  # prefill, eager, TP, or top-k / top-p rows
-            tokens = self.sampler(logits, *sampling)  # (num_seqs,) int64, on the device
+        else:  # prefill, eager, TP, or rows that need more than temperature (outside the graph)
+            tokens, logprobs = self.sample(logits, sampling)  # (num_seqs,) int64, on the device
             self.last_sampled[: tokens.shape[0]] = tokens
-        handle = StepHandle(tokens, self.buffers.host_tokens_buffer())
+        handle = StepHandle(tokens, self.buffers.host_tokens_buffer(), logprobs)
         self.buffers.flip()
         return handle
 

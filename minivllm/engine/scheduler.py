@@ -9,7 +9,12 @@ Order of one step: (1) running sequences that decode (1 token each) go first, so
 prefilled never starves them; (2) running sequences still prefilling get chunks from the budget left;
 (3) waiting sequences are admitted FIFO while budgets and free blocks allow, after a prefix-cache lookup.
 When the KV cache is full, the newest running sequence is preempted: its blocks are freed, and it goes back
-to the front of the queue to be recomputed later (its generated tokens are kept)."""
+to the front of the queue to be recomputed later (its generated tokens are kept).
+
+A sequence leaves through `finish`: on EOS / a stop token / its length (`on_result`), on a stop string (the
+engine, which detokenises), or aborted. Its blocks are freed at once, even when a step that computes it is
+still running: the GPU runs steps in order, so that step is done with the blocks before any later step
+(whose schedule may reuse them) starts; its sampled token is discarded."""
 
 from collections import deque
 
@@ -35,8 +40,24 @@ class Scheduler:
     def is_finished(self) -> bool:
         return not self.waiting and not self.running and not self.finishing
 
-    def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+    def add(self, seq: Sequence, front: bool = False) -> None:
+        if front:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """`seq` is done ("stop", "length" or "abort"): drop the placeholders of tokens still being sampled,
+        free its blocks, and take it out of every queue."""
+        end = seq.num_known_tokens
+        del seq.token_ids[end:]
+        seq.num_tokens = end
+        seq.finish_reason = reason
+        seq.status = SequenceStatus.FINISHED
+        self.block_manager.deallocate(seq)
+        for queue in (self.running, self.finishing, self.waiting):
+            if seq in queue:
+                queue.remove(seq)
 
     def preempt(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -130,17 +151,14 @@ class Scheduler:
                 seq.last_token = token_id
             self.block_manager.register_computed(seq)
             sp = seq.sampling_params
-            if (not sp.ignore_eos and token_id in self.eos) or token_id in sp.stop_token_ids:
-                seq.finish_reason = "stop"
-            elif pos + 1 - seq.num_prompt_tokens >= sp.max_tokens or pos + 1 >= self.max_model_len:
-                seq.finish_reason = "length"
-            if seq.finish_reason:
-                del seq.token_ids[pos + 1 :]  # a placeholder of a step launched after this one
-                seq.num_tokens = pos + 1
-                seq.status = SequenceStatus.FINISHED
-                self.block_manager.deallocate(seq)
-                for queue in (self.running, self.finishing, self.waiting):
-                    if seq in queue:
-                        queue.remove(seq)
+            num_output, reason = pos + 1 - seq.num_prompt_tokens, None
+            if num_output >= sp.min_tokens and not sp.ignore_eos and token_id in self.eos:
+                reason = "stop"
+            elif num_output >= sp.min_tokens and token_id in sp.stop_token_ids:
+                seq.stop_reason, reason = token_id, "stop"
+            elif num_output >= sp.max_tokens or pos + 1 >= self.max_model_len:
+                reason = "length"
+            if reason is not None:
+                self.finish(seq, reason)
                 finished.append(seq)
         return finished

@@ -1,5 +1,7 @@
-"""A request as the engine sees it: its tokens, how many have KV in the cache, and its block table (the
-block manager owns the block size: a sequence does not need it)."""
+"""A sequence as the engine sees it: its tokens, how many have KV in the cache, and its block table (the
+block manager owns the block size: a sequence does not need it). A request of `n` completions has `n`
+sequences; beside the scheduler's state each carries what its outputs need (its request, its index among the
+request's sequences, its own random generator when seeded, its detokeniser and log-probabilities)."""
 
 from copy import copy
 from enum import Enum, auto
@@ -19,8 +21,15 @@ class SequenceStatus(Enum):
 class Sequence:
     counter = count()  # ids are unique in the process (any engine)
 
-    def __init__(self, token_ids: list[int], sampling_params: SamplingParams | None = None) -> None:
+    def __init__(
+        self,
+        token_ids: list[int],
+        sampling_params: SamplingParams | None = None,
+        request_id: str | None = None,
+        index: int = 0,
+    ) -> None:
         self.seq_id = next(Sequence.counter)
+        self.request_id, self.index = request_id, index
         self.status = SequenceStatus.WAITING
         self.token_ids = copy(token_ids)
         self.last_token = token_ids[-1]
@@ -34,6 +43,15 @@ class Sequence:
         self.block_table: list[int] = []
         self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
         self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+        # --- outputs (llm_engine.py) ---
+        self.generator = None  # torch.Generator of a seeded request, made on the engine's device at first use
+        self.output_work = False  # something to do at each of its tokens (below, a stream, or children waiting)
+        self.detokenizer = None  # Detokenizer when text is needed at every step (stop strings, streaming)
+        self.logprobs: list | None = None  # per output token {token id: Logprob}, when requested
+        self.cumulative_logprob = 0.0
+        self.num_sent_tokens = 0  # tokens / characters already returned (RequestOutputKind.DELTA)
+        self.num_sent_chars = 0
 
     def __len__(self) -> int:
         return self.num_tokens
@@ -56,6 +74,19 @@ class Sequence:
     @property
     def completion_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens known on the host: all but the placeholders of tokens still being sampled (at the end)."""
+        end = self.num_tokens
+        while end > self.num_prompt_tokens and self.token_ids[end - 1] == PENDING:
+            end -= 1
+        return end
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        """The output tokens known on the host."""
+        return self.token_ids[self.num_prompt_tokens : self.num_known_tokens]
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -11,6 +11,8 @@ worker's process, before it enters the next phase's collectives: a dead or faile
 construction at once, with an error naming its rank."""
 
 import multiprocessing.connection
+import os
+import sys
 import traceback
 
 import torch.multiprocessing as mp
@@ -52,10 +54,11 @@ class Workers:
                 try:
                     kind, what, detail = waiting[rank].recv()
                 except (EOFError, OSError):
-                    code = self.processes[rank - 1].exitcode
+                    process = self.processes[rank - 1]
+                    process.join(timeout=5)  # reap it: its exit code is known only then
                     raise WorkerError(
-                        f"tensor-parallel worker rank {rank} exited (exit code {code}) before {phase}; a script "
-                        "run from standard input cannot start workers (spawned processes re-import __main__)"
+                        f"tensor-parallel worker rank {rank} exited (exit code {process.exitcode}) before {phase}"
+                        f"{main_hint()}"
                     ) from None
                 if kind == "failed":
                     raise WorkerError(f"tensor-parallel worker rank {rank} failed (phases done: {what}): {detail}")
@@ -76,6 +79,15 @@ class Workers:
         for conn in self.conns:
             conn.close()
         self.processes, self.conns = [], []
+
+
+def main_hint() -> str:
+    """Why a spawned worker may die at once: it re-imports the parent's __main__ from its file, which a script
+    read from standard input does not have."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if path is not None and not os.path.isfile(path):
+        return f"; spawned workers re-import __main__, which is not a file here ({path!r}): run the script from a file"
+    return " (its error is printed above)"
 
 
 class Reporter:

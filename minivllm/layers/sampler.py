@@ -1,6 +1,8 @@
 """The sampler (notebook 09): temperature sampling as an exponential race, argmax(p / E) with
 E ~ Exp(1), which draws from p exactly. Beyond nano-vllm: temperature 0 is greedy, and per-sequence
-top-k and top-p, all batched with no Python loop over sequences.
+top-k, top-p and min-p, all batched with no Python loop over sequences; a seeded request draws its noise
+from its own generator (a loop over those rows only, as vLLM does), so its tokens do not depend on the
+rest of the batch.
 
 On a GPU the race runs as one Triton kernel in log space (Gumbel-max: argmax(l / T - log E), the same
 draw without a softmax), reading each logits row once and drawing its noise in registers from a seed that
@@ -26,9 +28,15 @@ def check_sampling_tensors(
 
 # not compiled: the sort dominates, and torch 2.11's inductor failed to generate the cumsum once the vocabulary
 # dimension became dynamic (a second model in one process; benchmarks/RESULTS.md)
-def filter_top_k_top_p(logits: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
-    """Set to -inf every logit outside each row's top-k (k = 0: all) and top-p nucleus (p = 1: all)."""
+def filter_top_k_top_p(
+    logits: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor, min_ps: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Set to -inf every logit outside each row's top-k (k = 0: all) and top-p nucleus (p = 1: all), and, with
+    min_ps, below min_p x the row's largest probability (first, as vLLM: the nucleus is of what is left)."""
     vocab = logits.shape[-1]
+    if min_ps is not None:
+        probs = logits.softmax(dim=-1)  # (B, V)
+        logits = logits.masked_fill(probs < min_ps[:, None] * probs.max(dim=-1, keepdim=True).values, float("-inf"))
     sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)  # (B, V)
     k = torch.where(top_ks > 0, top_ks, vocab).clamp(max=vocab)  # (B,)
     ranks = torch.arange(vocab, device=logits.device)  # (V,)
@@ -49,6 +57,14 @@ def exponential_race(
     noise = torch.empty_like(probs).exponential_(1, generator=generator).clamp_min_(1e-10)  # E ~ Exp(1)
     sampled = (probs / noise).argmax(dim=-1)  # argmax(p / E) ~ p
     return torch.where(temperatures > 0, sampled, greedy)
+
+
+def seeded_draw(logits_row: torch.Tensor, temperature: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One row's race with noise from its own generator (on the row's device): the draw depends only on this
+    row's logits and the generator's state. temperature: a 0-d tensor > 0 (no host sync)."""
+    probs = torch.softmax(logits_row.float() / temperature, dim=-1)  # (V,)
+    noise = torch.empty_like(probs).exponential_(1, generator=generator).clamp_min_(1e-10)
+    return (probs / noise).argmax()
 
 
 # --- the race as one Triton kernel (GPU) ------------------------------------------------------------
@@ -159,26 +175,33 @@ class Sampler(nn.Module):
         temperatures: torch.Tensor | None,
         top_ks: torch.Tensor | None = None,
         top_ps: torch.Tensor | None = None,
+        min_ps: torch.Tensor | None = None,
+        generators: dict[int, torch.Generator] | None = None,
     ) -> torch.Tensor:
         """logits (B, V), temperatures (B,) float (0 = greedy), top_ks (B,) int (0 = off), top_ps (B,)
-        float in (0, 1] (1 = off). top_ks / top_ps may be None when no row filters (skips the sort);
-        temperatures None when every row is greedy (skips the noise: the filters cannot change an argmax).
+        float in (0, 1] (1 = off), min_ps (B,) float in [0, 1] (0 = off). The filters may be None when no row
+        uses them (skips the sort); temperatures None when every row is greedy (skips the noise: the filters
+        cannot change an argmax). generators: row -> that row's own generator (sampled rows only).
         Returns (B,) int64 token ids."""
         check_sampling_tensors(logits, temperatures, top_ks, top_ps)
         if temperatures is None:
             return logits.argmax(dim=-1)
-        if top_ks is not None or top_ps is not None:
+        if top_ks is not None or top_ps is not None or min_ps is not None:
             logits = logits.float()
             b = logits.shape[0]
             top_ks = top_ks if top_ks is not None else torch.zeros(b, dtype=torch.long, device=logits.device)
             top_ps = top_ps if top_ps is not None else torch.ones(b, device=logits.device)
             t = torch.where(temperatures > 0, temperatures, 1.0)  # (B,)
             # temperature first, then the filters (vLLM's and HF's order: the nucleus of softmax(logits / T))
-            logits = filter_top_k_top_p(logits / t[:, None], top_ks, top_ps)
+            logits = filter_top_k_top_p(logits / t[:, None], top_ks, top_ps, min_ps)
             temperatures = (temperatures > 0).to(logits.dtype)  # already scaled; 0 stays greedy
         if logits.is_cuda or SWITCHES.triton_on_cpu:  # the kernel reads any float dtype as is
-            return self.race_kernel(logits, temperatures)
-        return exponential_race(logits.float(), temperatures, self.generator)
+            tokens = self.race_kernel(logits, temperatures)
+        else:
+            tokens = exponential_race(logits.float(), temperatures, self.generator)
+        for row, generator in (generators or {}).items():
+            tokens[row] = seeded_draw(logits[row], temperatures[row], generator)
+        return tokens
 
     def race_kernel(self, logits: torch.Tensor, temperatures: torch.Tensor, out: torch.Tensor | None = None):
         if self.seed.device != logits.device:

@@ -37,6 +37,11 @@ QWEN3_0_6B = dict(
     initializer_range=0.02,
 )
 
+CHAT_TEMPLATE = (  # a minimal chat template for tiny checkpoints (tests, the serving notebook)
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
 _CORPUS = (
     "The quick brown fox jumps over the lazy dog. What is the capital of France? Paris is the capital. "
     "minivllm is a small inference engine: paged KV cache, prefix caching, a scheduler and CUDA graphs. "
@@ -61,9 +66,15 @@ def make_tokenizer(vocab_size: int):
 
 
 def make_tiny_checkpoint(
-    path: str, arch: str = "qwen3", dtype: torch.dtype = torch.float32, seed: int = 0, **overrides
+    path: str,
+    arch: str = "qwen3",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    chat_template: str | None = None,
+    **overrides,
 ) -> str:
-    """Write a random model of family `arch` to `path` (skipped if it is already there); returns path."""
+    """Write a random model of family `arch` to `path` (skipped if it is already there), its tokenizer with
+    `chat_template` if given; returns path."""
     import transformers
 
     if os.path.isfile(os.path.join(path, "config.json")):
@@ -87,5 +98,6 @@ def make_tiny_checkpoint(
             if name.endswith("bias"):
                 torch.nn.init.normal_(p, std=0.02)
     model.save_pretrained(path)
+    tokenizer.chat_template = chat_template
     tokenizer.save_pretrained(path)
     return path

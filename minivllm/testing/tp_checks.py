@@ -343,7 +343,7 @@ def engine_steps(rank: int, world_size: int, model: str, port: int, prompts: lis
             is_prefill, samples["n"] = phase == "prefill", 0
             with count_collectives() as n:
                 if rank == 0:
-                    tokens, got_logits = runner.launch(seqs, is_prefill).result(), None
+                    tokens, got_logits = runner.launch(seqs, is_prefill).result()[0], None
                 else:
                     inputs = runner.prepare_prefill(seqs) if is_prefill else runner.prepare_decode(seqs)
                     tokens, got_logits = None, runner.run_model(inputs) is not None

@@ -1,0 +1,258 @@
+"""Serving benchmark in the metrics `vllm bench serve` reports: request throughput, output tok/s, time to
+first token (TTFT), time per output token after the first (TPOT) and inter-token latency (ITL), mean / p50 /
+p99, at a given request rate or concurrency, over a sweep of concurrencies. It starts `python3 -m minivllm
+serve` in a subprocess, sends streaming /v1/completions requests of random token ids (vLLM's "random"
+dataset: fixed input and output lengths, ignore_eos) with httpx, resets the prefix cache before each level,
+prints a table and writes JSON (and, with --figure, TTFT and TPOT against concurrency).
+
+  python3 benchmarks/bench_serve.py                                  # CPU: the embedded SmolLM2-135M-Instruct
+  python3 benchmarks/bench_serve.py --model random-qwen3-0.6b        # GPU: bench.py's random Qwen3-0.6B (bf16)
+
+TTFT counts from sending the request to the first streamed text; TPOT = (latency - TTFT) / (tokens - 1) per
+request; ITL = the gaps between streamed chunks (one chunk per engine step with new text)."""
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+
+from minivllm.testing.benchmark import save_json
+from minivllm.utils.dist import free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RANDOM_QWEN3 = "random-qwen3-0.6b"
+
+
+def model_dir(name: str | None, cache: str) -> str | None:
+    """The checkpoint to serve: None (the server's embedded default), bench.py's random Qwen3-0.6B, or a dir."""
+    if name != RANDOM_QWEN3:
+        return name
+    import torch
+
+    from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
+
+    return make_tiny_checkpoint(os.path.join(cache, "qwen3-0.6b-random"), "qwen3", dtype=torch.bfloat16, **QWEN3_0_6B)
+
+
+def start_server(model: str | None, port: int, server_args: list[str]) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "minivllm", "serve", "--port", str(port), "--log-level", "warning", *server_args]
+    cmd += ["--model", model] if model else []
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen(cmd, env=env)
+    deadline = time.time() + 900  # a GPU engine captures its graphs first
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited with code {proc.returncode}")
+        if time.time() > deadline:
+            proc.kill()
+            raise SystemExit("the server did not come up in 900 s")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            time.sleep(0.5)
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], output_len: int) -> dict:
+    body = dict(
+        model=model,
+        prompt=prompt,
+        max_tokens=output_len,
+        temperature=0.0,
+        ignore_eos=True,
+        stream=True,
+        stream_options=dict(include_usage=True),
+    )
+    start = time.perf_counter()
+    times, tokens = [], 0
+    async with client.stream("POST", url, json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if chunk["choices"] and chunk["choices"][0]["text"]:
+                times.append(time.perf_counter())
+    end = time.perf_counter()
+    ttft = times[0] - start if times else end - start
+    return dict(
+        ttft=ttft,
+        latency=end - start,
+        tpot=(end - start - ttft) / (tokens - 1) if tokens > 1 else 0.0,
+        itl=list(np.diff(times)),
+        output_tokens=tokens,
+        input_tokens=len(prompt),
+    )
+
+
+async def run_level(url: str, model: str, prompts: list[list[int]], output_len: int, concurrency: int, rate: float):
+    """Send every prompt, at most `concurrency` in flight, arrivals Poisson at `rate` per second (inf: at once)."""
+    gate = asyncio.Semaphore(concurrency)
+    rng = random.Random(0)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+
+        async def limited(prompt):
+            async with gate:
+                return await one_request(client, url, model, prompt, output_len)
+
+        tasks, start = [], time.perf_counter()
+        for prompt in prompts:
+            tasks.append(asyncio.create_task(limited(prompt)))
+            if rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(rate))
+        results = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+    return summarize(results, duration, concurrency, rate)
+
+
+def stats(values: list[float], name: str) -> dict:
+    v = np.asarray(values, dtype=float) * 1000 if values else np.zeros(1)
+    return {
+        f"mean_{name}_ms": float(v.mean()),
+        f"p50_{name}_ms": float(np.percentile(v, 50)),
+        f"p99_{name}_ms": float(np.percentile(v, 99)),
+    }
+
+
+def summarize(results: list[dict], duration: float, concurrency: int, rate: float) -> dict:
+    out_tokens = sum(r["output_tokens"] for r in results)
+    in_tokens = sum(r["input_tokens"] for r in results)
+    return dict(
+        concurrency=concurrency,
+        request_rate=rate if rate != float("inf") else "inf",
+        completed=len(results),
+        duration_s=duration,
+        total_input_tokens=in_tokens,
+        total_output_tokens=out_tokens,
+        request_throughput=len(results) / duration,
+        output_throughput=out_tokens / duration,
+        total_token_throughput=(in_tokens + out_tokens) / duration,
+        **stats([r["ttft"] for r in results], "ttft"),
+        **stats([r["tpot"] for r in results], "tpot"),
+        **stats([i for r in results for i in r["itl"]], "itl"),
+        **stats([r["latency"] for r in results], "e2el"),
+    )
+
+
+def print_table(levels: list[dict], device: str, model: str) -> None:
+    cols = [
+        ("concurrency", "conc", "{}"),
+        ("completed", "reqs", "{}"),
+        ("request_throughput", "req/s", "{:.2f}"),
+        ("output_throughput", "out tok/s", "{:.1f}"),
+        ("mean_ttft_ms", "TTFT mean", "{:.0f}"),
+        ("p50_ttft_ms", "p50", "{:.0f}"),
+        ("p99_ttft_ms", "p99", "{:.0f}"),
+        ("mean_tpot_ms", "TPOT mean", "{:.1f}"),
+        ("p50_tpot_ms", "p50", "{:.1f}"),
+        ("p99_tpot_ms", "p99", "{:.1f}"),
+        ("mean_itl_ms", "ITL mean", "{:.1f}"),
+    ]
+    print(f"minivllm serving benchmark on {device}, model {model} (latencies in ms)")
+    rows = [[h for _, h, _ in cols]] + [[f.format(level[k]) for k, _, f in cols] for level in levels]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    for r in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+
+
+def plot(levels: list[dict], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    conc = [lv["concurrency"] for lv in levels]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    for ax, name, label in (
+        (axes[0], "ttft", "time to first token (ms)"),
+        (axes[1], "tpot", "time per output token (ms)"),
+    ):
+        for q, style in (("mean", "o-"), ("p50", "s--"), ("p99", "^:")):
+            ax.plot(conc, [lv[f"{q}_{name}_ms"] for lv in levels], style, label=q)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent requests")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=80)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", help=f"checkpoint dir, or {RANDOM_QWEN3} (default: the embedded SmolLM2)")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=None, help="levels of the sweep")
+    ap.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second")
+    ap.add_argument("--num-prompts", type=int, default=None, help="requests per level (default: 4 x concurrency)")
+    ap.add_argument("--input-len", type=int, default=None)
+    ap.add_argument("--output-len", type=int, default=None)
+    ap.add_argument("--server-args", default="", help='extra `minivllm serve` arguments, e.g. "--max-num-seqs 64"')
+    ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "minivllm"))
+    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/serve_<device>.json)")
+    ap.add_argument("--figure", default=None, help="also draw TTFT and TPOT against concurrency to this PNG")
+    args = ap.parse_args()
+    import torch
+
+    gpu = torch.cuda.is_available()
+    args.concurrency = args.concurrency or ([1, 4, 16, 64, 256] if gpu else [1, 2, 4, 8, 16])
+    args.input_len = args.input_len or (512 if gpu else 128)
+    args.output_len = args.output_len or (128 if gpu else 32)
+    model = model_dir(args.model, args.cache)
+    port = free_port()
+    server = start_server(model, port, args.server_args.split())
+    url = f"http://127.0.0.1:{port}"
+    try:
+        served = httpx.get(url + "/v1/models").json()["data"][0]
+        vocab_top = 10000 if model is None or args.model == RANDOM_QWEN3 else 1000
+        rng = random.Random(0)
+        warm = [[rng.randint(1, vocab_top) for _ in range(args.input_len)] for _ in range(4)]
+        asyncio.run(run_level(url + "/v1/completions", served["id"], warm, 8, 4, float("inf")))  # compile, JIT
+        levels = []
+        for c in args.concurrency:
+            n = args.num_prompts or max(4 * c, 8)
+            prompts = [[rng.randint(1, vocab_top) for _ in range(args.input_len)] for _ in range(n)]
+            httpx.post(url + "/reset_prefix_cache")
+            levels.append(
+                asyncio.run(
+                    run_level(url + "/v1/completions", served["id"], prompts, args.output_len, c, args.request_rate)
+                )
+            )
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=120)
+    device = torch.cuda.get_device_name() if gpu else "cpu"
+    print_table(levels, device, served["id"])
+    result = dict(
+        device=device,
+        model=served["id"],
+        input_len=args.input_len,
+        output_len=args.output_len,
+        request_rate=args.request_rate if args.request_rate != float("inf") else "inf",
+        server_args=args.server_args,
+        levels=levels,
+    )
+    save_json(result, args.out or os.path.join("benchmarks", "results", f"serve_{'gpu' if gpu else 'cpu'}.json"))
+    if args.figure:
+        plot(
+            levels,
+            args.figure,
+            f"minivllm serve on {device}: {served['id']}, {args.input_len} in / {args.output_len} out",
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""One step's sampling parameters, built on the host from the scheduled sequences and put on the device
+(as step_inputs.py does for the model's inputs). Only what some row of the batch uses is built: the common
+batch (temperature only) is one upload of temperatures, which the decode graph's sampler reads in place;
+penalties, min_tokens, seeds, filters and logprobs add their tensors only when a row asks for them, and
+then the step samples outside the graph (`SamplingInputs.plain` is False)."""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from minivllm.engine.sequence import PENDING, Sequence
+from minivllm.engine.step_inputs import InputBuffers
+from minivllm.layers.penalties import token_counts
+
+
+@dataclass(slots=True)
+class Penalties:
+    rows: torch.Tensor  # (P,) int64, the penalised rows of the batch
+    output_counts: torch.Tensor  # (P, V) float32, count of each token in the row's output
+    prompt_mask: torch.Tensor  # (P, V) bool, token occurs in the prompt
+    presence: torch.Tensor  # (P,) float32
+    frequency: torch.Tensor  # (P,) float32
+    repetition: torch.Tensor  # (P,) float32
+
+
+@dataclass(slots=True)
+class SamplingInputs:
+    temperatures: torch.Tensor | None = None  # (B,) float32, 0 = greedy; None: every row greedy
+    top_ks: torch.Tensor | None = None  # (B,) int32, 0 = off; None: no row filters (and top_ps, min_ps None)
+    top_ps: torch.Tensor | None = None  # (B,) float32, 1 = off
+    min_ps: torch.Tensor | None = None  # (B,) float32, 0 = off; None: no row uses min_p
+    banned: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) (K,) int64 set to -inf (min_tokens)
+    penalties: Penalties | None = None
+    generators: dict[int, torch.Generator] = field(default_factory=dict)  # row -> its request's own generator
+    logprob_rows: list[int] = field(default_factory=list)  # rows that asked for logprobs
+    num_logprobs: int = 0  # top-k of those rows (the largest asked; each row keeps its own k on the host)
+
+    @property
+    def plain(self) -> bool:
+        """Temperature only: the decode graph's one-pass sampler draws these tokens."""
+        return (
+            self.top_ks is None
+            and self.min_ps is None
+            and self.banned is None
+            and self.penalties is None
+            and not self.generators
+            and not self.logprob_rows
+        )
+
+
+def generator_of(seq: Sequence, device: torch.device) -> torch.Generator:
+    """The sequence's own random stream, seeded from its request (made at its first draw)."""
+    if seq.generator is None:
+        seq.generator = torch.Generator(device=device).manual_seed(seq.sampling_params.seed)
+    return seq.generator
+
+
+def prepare_sampling(
+    seqs: list[Sequence],
+    buffers: InputBuffers,
+    *,
+    device: torch.device,
+    eos: list[int],
+    vocab: int,
+    in_graph: bool = False,
+) -> SamplingInputs:
+    """The step's SamplingInputs. `in_graph`: the decode graph samples, so it reads temperatures even when
+    every row is greedy."""
+    sps = [s.sampling_params for s in seqs]
+    extra = [  # rows that need more than temperature (min_tokens only until reached)
+        i
+        for i, (s, sp) in enumerate(zip(seqs, sps))
+        if sp.needs_processing or (sp.min_tokens and sp.min_tokens > s.num_completion_tokens)
+    ]
+    greedy = all(sp.temperature == 0 for sp in sps)
+    out = SamplingInputs()
+    if greedy and not in_graph and not extra:  # all greedy: argmax, no noise, no filters
+        return out
+    filtering = any(sps[i].top_k > 0 or sps[i].top_p < 1 or sps[i].min_p > 0 for i in extra)
+    temperatures, out.top_ps = buffers.upload_floats(
+        [sp.temperature for sp in sps], [sp.top_p for sp in sps] if filtering else None
+    )
+    out.temperatures = None if greedy and not in_graph else temperatures
+    if not extra:
+        return out
+    ints = lambda values: to_device(values, torch.int64, device)
+    floats = lambda values: to_device(values, torch.float32, device)
+    if filtering:
+        out.top_ks = ints([sp.top_k for sp in sps])
+        if any(sps[i].min_p > 0 for i in extra):
+            out.min_ps = floats([sp.min_p for sp in sps])
+    banned = [
+        (i, t)
+        for i in extra
+        if seqs[i].num_completion_tokens < sps[i].min_tokens
+        for t in dict.fromkeys([*eos, *sps[i].stop_token_ids])
+    ]
+    if banned:
+        out.banned = ints([i for i, _ in banned]), ints([t for _, t in banned])
+    penalised = [i for i in extra if sps[i].needs_history]
+    if penalised:
+        out.penalties = penalties([seqs[i] for i in penalised], penalised, vocab, device)
+    out.generators = {
+        i: generator_of(seqs[i], device) for i in extra if sps[i].seed is not None and sps[i].temperature > 0
+    }
+    out.logprob_rows = [i for i in extra if sps[i].logprobs is not None]
+    out.num_logprobs = max((sps[i].logprobs for i in out.logprob_rows), default=0)
+    return out
+
+
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
+def penalties(seqs: list[Sequence], rows: list[int], vocab: int, device: torch.device) -> Penalties:
+    """Token counts of the penalised sequences (at batch `rows`), built on the device from their token ids.
+    Every token must be known: the engine finishes the step in flight before it launches a step with
+    penalties (llm_engine.py)."""
+    out_rows, out_ids, prompt_rows, prompt_ids = [], [], [], []
+    for j, s in enumerate(seqs):
+        output = s.completion_token_ids
+        assert PENDING not in output, "penalties need every previous token: finish the step in flight first"
+        out_rows += [j] * len(output)
+        out_ids += output
+        prompt_rows += [j] * s.num_prompt_tokens
+        prompt_ids += s.prompt_token_ids
+    ints = lambda values: to_device(values, torch.int64, device)
+    floats = lambda values: to_device([getattr(s.sampling_params, values) for s in seqs], torch.float32, device)
+    prompt_mask = torch.zeros(len(seqs), vocab, dtype=torch.bool, device=device)
+    prompt_mask[ints(prompt_rows), ints(prompt_ids)] = True
+    return Penalties(
+        rows=ints(rows),
+        output_counts=token_counts(ints(out_rows), ints(out_ids), len(seqs), vocab),
+        prompt_mask=prompt_mask,
+        presence=floats("presence_penalty"),
+        frequency=floats("frequency_penalty"),
+        repetition=floats("repetition_penalty"),
+    )

@@ -1,0 +1,446 @@
+"""An OpenAI-compatible HTTP server over the async engine (vLLM's `vllm serve`; FastAPI + uvicorn):
+GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions, the last two also streaming
+(`"stream": true`: server-sent events, one `data: {chunk}` per step with new text, then `data: [DONE]`), and
+vLLM's POST /reset_prefix_cache (for benchmarks).
+
+Each HTTP request becomes one engine request per prompt (their `n` sequences are the choices); their
+outputs are merged into one response. Bad input is a 400 with OpenAI's error body {"error": {"message",
+"type", "param", "code"}}, and nothing is queued. A client that disconnects cancels its handler, which
+closes its streams, which aborts its requests (async_llm.py): their blocks are freed at the next step.
+SIGINT / SIGTERM abort every request first (streams end with finish_reason "abort"), then uvicorn closes
+the connections and the engine stops with its TP workers (`run_server`)."""
+
+import asyncio
+import json
+import signal
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from minivllm.engine.async_llm import AsyncLLM, EngineDeadError
+from minivllm.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from minivllm.inputs import is_token_ids, render_chat
+from minivllm.outputs import CompletionOutput, RequestOutput
+from minivllm.utils.dist import free_port
+
+FIELDS = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields) | {"logprobs", "top_k"}
+
+
+class BadRequest(ValueError):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def error_response(message: str, param: str | None = None, status: int = 400) -> JSONResponse:
+    kind = {400: "BadRequestError", 500: "InternalServerError", 503: "ServiceUnavailableError"}[status]
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
+
+
+def param_of(message: str, prompt: str) -> str | None:
+    """The request field an error is about: SamplingParams' messages start with it; the engine's are about
+    the prompt (named `prompt`: "prompt" or "messages") or its length with max_tokens."""
+    if message.startswith("prompt of"):
+        return "max_tokens" if "max_tokens" in message else prompt
+    first = message.split(" ", 1)[0]
+    if first in FIELDS:
+        return first
+    return prompt if any(w in message for w in ("prompt", "token ids")) else None
+
+
+def bad_request(e: Exception, prompt: str = "prompt") -> JSONResponse:
+    return error_response(str(e), e.param if isinstance(e, BadRequest) else param_of(str(e), prompt))
+
+
+def sse(data) -> str:
+    return f"data: {json.dumps(data) if not isinstance(data, str) else data}\n\n"
+
+
+async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(i, output) from several streams as they come. Leaving early closes every stream (aborting its request)."""
+    queue: asyncio.Queue = asyncio.Queue()
+    end = object()
+
+    async def pump(i: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for output in stream:
+                queue.put_nowait((i, output))
+        except Exception as e:
+            queue.put_nowait((i, e))
+        finally:
+            queue.put_nowait((i, end))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is end:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def until_disconnect(request: Request, work):
+    """Run the coroutine `work`; if the client disconnects first, cancel it (which aborts its requests)."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    try:
+        return await task
+    except asyncio.CancelledError:  # the client is gone: nobody reads this
+        return Response(status_code=499)
+
+
+# --- pieces of the responses -------------------------------------------------------------------------------
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return dict(
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens
+    )
+
+
+def token_text(lp, token: int, as_ids: bool) -> str:
+    return f"token_id:{token}" if as_ids else lp.decoded_token
+
+
+def completion_logprobs(c: CompletionOutput, k: int, offset: int, as_ids: bool) -> dict:
+    """OpenAI's completions logprobs of the tokens of `c`; text offsets start at `offset`."""
+    out = dict(text_offset=[], token_logprobs=[], tokens=[], top_logprobs=[])
+    for token, step in zip(c.token_ids, c.logprobs):
+        text = token_text(step[token], token, as_ids)
+        out["text_offset"].append(offset)
+        out["token_logprobs"].append(step[token].logprob)
+        out["tokens"].append(text)
+        out["top_logprobs"].append(
+            {token_text(lp, t, as_ids): lp.logprob for t, lp in step.items() if t == token or lp.rank <= k}
+        )
+        offset += len(text)
+    return out
+
+
+def chat_logprobs(c: CompletionOutput, k: int, as_ids: bool) -> dict:
+    """OpenAI's chat logprobs: per token its text, logprob, UTF-8 bytes and the top k."""
+    entry = lambda text, lp: dict(token=text, logprob=lp, bytes=list(text.encode()))
+    content = []
+    for token, step in zip(c.token_ids, c.logprobs):
+        top = sorted(((lp.rank, t, lp) for t, lp in step.items() if lp.rank <= k), key=lambda x: x[0])
+        item = entry(token_text(step[token], token, as_ids), step[token].logprob)
+        item["top_logprobs"] = [entry(token_text(lp, t, as_ids), lp.logprob) for _, t, lp in top[:k]]
+        content.append(item)
+    return dict(content=content)
+
+
+# --- the app -----------------------------------------------------------------------------------------------
+
+
+def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) -> FastAPI:
+    """The FastAPI app serving `llm` as `served_model_name`; with `owns_engine`, its shutdown stops the engine."""
+    max_model_len = llm.engine.config.max_model_len
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        if owns_engine:
+            await asyncio.to_thread(llm.shutdown)
+
+    app = FastAPI(title="minivllm", lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0]
+        if first["type"] == "json_invalid":
+            return error_response(f"malformed JSON body: {first.get('ctx', {}).get('error', first['msg'])}")
+        loc = [str(x) for x in first["loc"] if x != "body"]
+        param = loc[0] if loc else None
+        where = ".".join(loc) or "request body"
+        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+        return error_response(f"{where}: {first['msg']}{more}", param)
+
+    def check(body: SamplingFields) -> None:
+        if body.model is not None and body.model != served_model_name:
+            raise BadRequest(
+                f"The model `{body.model}` does not exist (this server serves `{served_model_name}`)", "model"
+            )
+        if body.logit_bias:
+            raise BadRequest("logit_bias is not supported", "logit_bias")
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200) if llm.is_running else error_response("the engine stopped", status=503)
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict:  # vLLM's (benchmarks start each run with a cold cache)
+        return dict(reset=await llm.reset_prefix_cache())
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        card = dict(id=served_model_name, object="model", created=int(time.time()), owned_by="minivllm")
+        card.update(root=llm.engine.config.model, max_model_len=max_model_len)
+        return dict(object="list", data=[card])
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: Request):
+        try:
+            check(body)
+            if body.suffix:
+                raise BadRequest("suffix is not supported", "suffix")
+            if body.best_of is not None and body.best_of != body.n:
+                raise BadRequest("best_of must equal n (beam search is not supported)", "best_of")
+            prompts = [body.prompt] if isinstance(body.prompt, str) or is_token_ids(body.prompt) else body.prompt
+            if not prompts:
+                raise BadRequest("prompt must not be empty", "prompt")
+            sp = body.sampling_params(body.max_tokens, body.logprobs)
+            rid = f"cmpl-{uuid.uuid4().hex}"
+            streams = [llm.generate(p, sp, f"{rid}-{i}") for i, p in enumerate(prompts)]
+        except (ValueError, TypeError) as e:
+            return bad_request(e)
+        except EngineDeadError as e:
+            return error_response(str(e), status=500)
+        echo = [p if isinstance(p, str) else llm.tokenizer.decode(p) for p in prompts] if body.echo else None
+        run = Completions(body, rid, served_model_name, streams, echo)
+        if body.stream:
+            return StreamingResponse(run.stream(), media_type="text/event-stream")
+        return await until_disconnect(raw, run.full())
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, raw: Request):
+        try:
+            check(body)
+            if body.tools:
+                raise BadRequest("tools are not supported", "tools")
+            if body.top_logprobs is not None and not body.logprobs:
+                raise BadRequest("top_logprobs needs logprobs set to true", "top_logprobs")
+            kwargs = dict(body.chat_template_kwargs or {})
+            if body.continue_final_message:
+                kwargs["continue_final_message"] = True
+            try:
+                prompt = render_chat(llm.tokenizer, body.conversation(), body.add_generation_prompt, **kwargs)
+            except ValueError as e:
+                raise BadRequest(str(e), "messages") from None
+            ids = llm.tokenizer.encode(prompt, add_special_tokens=False)  # the template wrote the special tokens
+            max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+            sp = body.sampling_params(max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
+            rid = f"chatcmpl-{uuid.uuid4().hex}"
+            streams = [llm.generate({"prompt_token_ids": ids}, sp, rid)]
+        except (ValueError, TypeError) as e:
+            return bad_request(e, "messages")
+        except EngineDeadError as e:
+            return error_response(str(e), status=500)
+        run = ChatCompletions(body, rid, served_model_name, streams, None)
+        if body.stream:
+            return StreamingResponse(run.stream(), media_type="text/event-stream")
+        return await until_disconnect(raw, run.full())
+
+    return app
+
+
+class Completions:
+    """One /v1/completions request: its engine streams turned into a response or into SSE chunks."""
+
+    object, chunk_object = "text_completion", "text_completion"
+
+    def __init__(self, body, rid: str, model: str, streams: list, echo: list[str] | None) -> None:
+        self.body, self.rid, self.model, self.streams, self.echo = body, rid, model, streams, echo
+        self.created = int(time.time())
+        self.n = body.n
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.text_len: dict[int, int] = {}  # choice -> characters sent (logprobs' text offsets)
+
+    def head(self, obj: str) -> dict:
+        return dict(id=self.rid, object=obj, created=self.created, model=self.model)
+
+    def logprobs(self, choice: int, c: CompletionOutput):
+        if self.body.logprobs is None:
+            return None
+        lp = completion_logprobs(
+            c, self.body.logprobs, self.text_len.get(choice, 0), self.body.return_tokens_as_token_ids
+        )
+        return lp
+
+    def choice(self, i: int, c: CompletionOutput) -> dict:
+        index = i * self.n + c.index
+        text = (self.echo[i] if self.echo and index not in self.text_len else "") + c.text  # echo: first chunk
+        choice = dict(index=index, text=text, logprobs=self.logprobs(index, c))
+        self.text_len[index] = self.text_len.get(index, 0) + len(text)
+        return dict(**choice, finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+
+    def count(self, output: RequestOutput, first: bool) -> None:
+        self.prompt_tokens += len(output.prompt_token_ids) if first else 0
+        self.completion_tokens += sum(len(c.token_ids) for c in output.outputs)
+
+    async def full(self) -> dict | JSONResponse:
+        try:
+            results: dict[int, RequestOutput] = {}
+            async for i, output in merge(self.streams):
+                results[i] = output
+        except EngineDeadError as e:
+            return error_response(str(e), status=500)
+        choices = []
+        for i in sorted(results):
+            self.count(results[i], True)
+            choices += [self.choice(i, c) for c in results[i].outputs]
+        return self.response(sorted(choices, key=lambda c: c["index"]))
+
+    def response(self, choices: list[dict]) -> dict:
+        return dict(**self.head(self.object), choices=choices, usage=usage(self.prompt_tokens, self.completion_tokens))
+
+    async def stream(self) -> AsyncIterator[str]:
+        opts = self.body.stream_options
+        continuous = bool(opts and opts.continuous_usage_stats)
+        seen: set[int] = set()
+        try:
+            async for i, output in merge(self.streams):
+                first = i not in seen
+                seen.add(i)
+                self.count(output, first)
+                for chunk in self.chunks(i, output, first):
+                    if continuous:
+                        chunk["usage"] = usage(self.prompt_tokens, self.completion_tokens)
+                    yield sse(chunk)
+            if opts and opts.include_usage:
+                yield sse(
+                    dict(
+                        **self.head(self.chunk_object),
+                        choices=[],
+                        usage=usage(self.prompt_tokens, self.completion_tokens),
+                    )
+                )
+        except EngineDeadError as e:
+            yield sse({"error": {"message": str(e), "type": "InternalServerError", "param": None, "code": 500}})
+        yield sse("[DONE]")
+
+    def chunks(self, i: int, output: RequestOutput, first: bool) -> list[dict]:
+        return [
+            dict(**self.head(self.chunk_object), choices=[self.choice(i, c)])
+            for c in output.outputs
+            if c.text or c.finish_reason or c.logprobs or (self.echo and i * self.n + c.index not in self.text_len)
+        ]
+
+
+class ChatCompletions(Completions):
+    """One /v1/chat/completions request: the assistant's message, or its deltas."""
+
+    object, chunk_object = "chat.completion", "chat.completion.chunk"
+
+    def logprobs(self, choice: int, c: CompletionOutput):
+        if not self.body.logprobs:
+            return None
+        return chat_logprobs(c, self.body.top_logprobs or 0, self.body.return_tokens_as_token_ids)
+
+    def choice(self, i: int, c: CompletionOutput) -> dict:
+        message = dict(role="assistant", content=c.text)
+        return dict(
+            index=c.index,
+            message=message,
+            logprobs=self.logprobs(c.index, c),
+            finish_reason=c.finish_reason,
+            stop_reason=c.stop_reason,
+        )
+
+    def chunks(self, i: int, output: RequestOutput, first: bool) -> list[dict]:
+        chunks = []
+        if first:  # the role first, for every choice (OpenAI's stream starts so)
+            for index in range(self.n):
+                delta = dict(role="assistant", content="")
+                chunks.append(
+                    dict(
+                        **self.head(self.chunk_object),
+                        choices=[dict(index=index, delta=delta, logprobs=None, finish_reason=None)],
+                    )
+                )
+        for c in output.outputs:
+            if c.text or c.finish_reason or c.logprobs:
+                choice = dict(index=c.index, delta=dict(content=c.text), logprobs=self.logprobs(c.index, c))
+                choice.update(finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+                chunks.append(dict(**self.head(self.chunk_object), choices=[choice]))
+        return chunks
+
+
+# --- running it --------------------------------------------------------------------------------------------
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server; on SIGINT / SIGTERM it first aborts every request, so that streams end at once
+    (finish_reason "abort") and the graceful shutdown does not wait for long generations."""
+
+    def __init__(self, config: uvicorn.Config, llm: AsyncLLM) -> None:
+        super().__init__(config)
+        self.llm = llm
+
+    def handle_exit(self, sig, frame) -> None:
+        self.llm.abort_all()
+        super().handle_exit(sig, frame)
+
+
+def run_server(
+    model: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    served_model_name: str | None = None,
+    log_level: str = "info",
+    **engine_args,
+) -> None:
+    """Serve until SIGINT / SIGTERM; then the requests are aborted, the connections closed, the engine and its
+    TP workers stopped, and this returns (uvicorn re-raises the signal it caught: it finds a no-op here)."""
+    llm = AsyncLLM(model, **engine_args)
+    app = build_app(llm, served_model_name or model, owns_engine=True)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10)
+    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        Server(config, llm).run()
+    finally:
+        llm.shutdown()  # (done already by the app's shutdown, unless uvicorn failed to start)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+class ServerThread:
+    """The server in a background thread of this process, for tests and notebooks:
+    `with ServerThread(llm, "name") as server: server.url`. The engine stays the caller's."""
+
+    def __init__(self, llm: AsyncLLM, served_model_name: str, host: str = "127.0.0.1", port: int | None = None):
+        self.port = port or free_port()
+        self.url = f"http://{host}:{self.port}"
+        config = uvicorn.Config(build_app(llm, served_model_name), host=host, port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="minivllm-server", daemon=True)
+
+    def __enter__(self) -> "ServerThread":
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.time() > deadline:
+                raise RuntimeError(f"the server did not start on port {self.port}")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)

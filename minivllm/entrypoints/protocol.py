@@ -1,0 +1,110 @@
+"""The OpenAI API's request bodies as pydantic models (what /v1/completions and /v1/chat/completions accept),
+with the sampling fields vLLM accepts beyond OpenAI's (top_k, min_p, repetition_penalty, min_tokens,
+ignore_eos, stop_token_ids, include_stop_str_in_output, skip_special_tokens, return_tokens_as_token_ids,
+...), and their translation to SamplingParams. Unknown fields are accepted and ignored, as vLLM does; a
+field of the wrong type is a 400 that names it (openai_server.py)."""
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
+
+
+class OpenAIModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(OpenAIModel):
+    include_usage: bool | None = False  # a last chunk with the usage of the whole request
+    continuous_usage_stats: bool | None = False  # vLLM: usage in every chunk
+
+
+class SamplingFields(OpenAIModel):
+    """Fields both endpoints share (OpenAI's, then vLLM's extras)."""
+
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None  # None: 1.0
+    top_p: float | None = None
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None  # refused when given (openai_server.py)
+    # vLLM's extras
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    return_tokens_as_token_ids: bool = False  # logprobs' tokens as "token_id:N"
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        """SamplingParams of this request (raises ValueError naming a field with a bad value). Streams get
+        the new text of each step (DELTA), the others one final output."""
+        return SamplingParams(
+            n=self.n,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0,
+            seed=self.seed,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            ignore_eos=self.ignore_eos,
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logprobs=logprobs,
+            skip_special_tokens=self.skip_special_tokens,
+            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
+        )
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16  # OpenAI's and vLLM's default
+    logprobs: int | None = None
+    echo: bool = False  # the prompt's text before the completion
+    suffix: str | None = None  # refused when given
+    best_of: int | None = None  # refused beyond n
+
+
+class TextPart(OpenAIModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(OpenAIModel):
+    role: str
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None  # None: up to the model's length (vLLM)
+    max_completion_tokens: int | None = None  # OpenAI's newer name; wins over max_tokens
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict | None = None
+    tools: list | None = None  # refused when given
+
+    def conversation(self) -> list[dict]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]

@@ -1,0 +1,76 @@
+"""The prompt forms a request may take (vLLM's): text, a list of token ids (Python or numpy integers), or a dict
+`{"prompt": text}` / `{"prompt_token_ids": ids}`; and chat conversations rendered through the tokenizer's
+chat template. Anything else is refused with an error that says what was given."""
+
+import numbers
+
+import numpy as np
+
+Prompt = str | list[int] | dict
+
+
+def is_token_ids(x) -> bool:
+    if isinstance(x, np.ndarray):
+        return x.ndim == 1 and np.issubdtype(x.dtype, np.integer)
+    return isinstance(x, (list, tuple)) and len(x) > 0 and all(is_integer(t) for t in x)
+
+
+def is_integer(x) -> bool:
+    return type(x) is int or (isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, bool))
+
+
+def is_single_prompt(prompts) -> bool:
+    """True for one prompt (text, token ids, a dict), False for a batch (a list of prompts)."""
+    return isinstance(prompts, (str, dict)) or is_token_ids(prompts)
+
+
+def parse_prompt(prompt) -> tuple[str | None, list[int] | None]:
+    """(text, token ids): one of the two is None. Raises TypeError for what is not a prompt."""
+    if isinstance(prompt, dict):
+        unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
+        if unknown or len(prompt) != 1:
+            raise TypeError(
+                f"a dict prompt must have exactly one key, 'prompt' or 'prompt_token_ids'; got keys {sorted(prompt)}"
+            )
+        if "prompt" in prompt:
+            if not isinstance(prompt["prompt"], str):
+                raise TypeError(f"'prompt' must be a string, got {type(prompt['prompt']).__name__}")
+            return prompt["prompt"], None
+        ids = prompt["prompt_token_ids"]
+        if not (is_token_ids(ids) or (isinstance(ids, (list, tuple)) and len(ids) == 0)):
+            raise TypeError(f"'prompt_token_ids' must be a list of integers, got {_describe(ids)}")
+        return None, [int(t) for t in ids]
+    if isinstance(prompt, str):
+        return prompt, None
+    if is_token_ids(prompt) or (isinstance(prompt, (list, tuple)) and len(prompt) == 0):
+        return None, [int(t) for t in prompt]
+    raise TypeError(
+        "a prompt must be a string, a list of token ids, or a dict with 'prompt' or 'prompt_token_ids'; "
+        f"got {_describe(prompt)}"
+    )
+
+
+def _describe(x) -> str:
+    if isinstance(x, (list, tuple)):
+        kinds = sorted({type(t).__name__ for t in x})
+        return f"a {type(x).__name__} of {'/'.join(kinds)}"
+    return type(x).__name__
+
+
+def render_chat(tokenizer, conversation: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
+    """The conversation as prompt text through the tokenizer's chat template (the assistant's turn opened)."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError("the model's tokenizer has no chat template: use generate() with plain prompts")
+    if not isinstance(conversation, list) or not all(isinstance(m, dict) for m in conversation):
+        raise TypeError(f"a conversation must be a list of {{'role': ..., 'content': ...}} dicts, got {conversation!r}")
+    for i, m in enumerate(conversation):
+        if "role" not in m or "content" not in m:
+            raise ValueError(f"message {i} of the conversation needs 'role' and 'content', got keys {sorted(m)}")
+    return tokenizer.apply_chat_template(
+        conversation, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+    )
+
+
+def is_conversation(messages) -> bool:
+    """True for one conversation (a list of message dicts), False for a list of conversations."""
+    return isinstance(messages, list) and (not messages or isinstance(messages[0], dict))
