@@ -65,10 +65,10 @@ def record_sampler_calls(llm: LLM) -> list[tuple[bool, bool, bool]]:
     """Per sampler call: (some row greedy, some row sampled, top-k / top-p tensors passed)."""
     calls, forward = [], llm.model_runner.sampler.forward
 
-    def recorded(logits, temperatures, top_ks=None, top_ps=None):
+    def recorded(logits, temperatures, top_ks=None, top_ps=None, **kwargs):
         t = temperatures if temperatures is not None else torch.zeros(logits.shape[0])
         calls.append((bool((t == 0).any()), bool((t > 0).any()), top_ks is not None or top_ps is not None))
-        return forward(logits, temperatures, top_ks, top_ps)
+        return forward(logits, temperatures, top_ks, top_ps, **kwargs)
 
     llm.model_runner.sampler.forward = recorded
     return calls
