@@ -271,7 +271,7 @@ class ModelRunner:
         c = self.config
         cached = self.block_size  # one block of keys "from the cache"
         room = min(c.max_num_batched_tokens, c.max_model_len - cached)  # positions must stay in the model's range
-        for num_cached, num_new in [(0, 1)] + [(cached, n) for n in (8, min(512, room)) if n <= room]:
+        for num_cached, num_new in [(0, 1)] + [(cached, n) for n in (8, min(512, room)) if 1 <= n <= room]:
             seq = Sequence([0] * (num_cached + num_new))
             blocks = -(-(num_cached + num_new) // self.block_size)
             seq.block_table = [b % self.config.num_kvcache_blocks for b in range(blocks)]

@@ -89,6 +89,7 @@ def convert(src: str, dst: str) -> None:
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")  # a chat turn ends with <|im_end|>
     for c in (model.config, model.generation_config):
         c.eos_token_id = c.pad_token_id = im_end
+    tokenizer.eos_token = tokenizer.pad_token = "<|im_end|>"  # the GGUF's own EOS depends on the transformers version
     model.to(SAVED_DTYPE).save_pretrained(dst)
     tokenizer.save_pretrained(dst)
 
