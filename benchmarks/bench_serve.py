@@ -8,8 +8,8 @@ prints a table and writes JSON (and, with --figure, TTFT and TPOT against concur
   python3 benchmarks/bench_serve.py                                  # CPU: the embedded SmolLM2-135M-Instruct
   python3 benchmarks/bench_serve.py --model random-qwen3-0.6b        # GPU: bench.py's random Qwen3-0.6B (bf16)
 
-TTFT counts from sending the request to the first streamed text; TPOT = (latency - TTFT) / (tokens - 1) per
-request; ITL = the gaps between streamed chunks (one chunk per engine step with new text)."""
+TTFT counts from sending the request to the first streamed chunk; TPOT = (latency - TTFT) / (tokens - 1) per
+request; ITL = the gaps between streamed chunks (one chunk per engine step with new tokens, as vLLM streams)."""
 
 import argparse
 import asyncio
@@ -81,7 +81,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-            if chunk["choices"] and chunk["choices"][0]["text"]:
+            if chunk["choices"]:  # one chunk per engine step with new tokens (their text may be empty)
                 times.append(time.perf_counter())
     end = time.perf_counter()
     ttft = times[0] - start if times else end - start

@@ -340,7 +340,13 @@ class Completions:
         return [
             dict(**self.head(self.chunk_object), choices=[self.choice(i, c)])
             for c in output.outputs
-            if c.text or c.finish_reason or c.logprobs or (self.echo and i * self.n + c.index not in self.text_len)
+            # a chunk for every step with new tokens, as vLLM sends (their text may be empty: a partial UTF-8
+            # character, a held-back stop-string prefix, or tokens that decode to nothing)
+            if c.text
+            or c.token_ids
+            or c.finish_reason
+            or c.logprobs
+            or (self.echo and i * self.n + c.index not in self.text_len)
         ]
 
 
