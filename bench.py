@@ -305,7 +305,9 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel size")
     ap.add_argument("--compile-cache", default=None, help="GPU: directory for the compile caches (must be empty)")
     ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "minivllm"))
-    ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/throughput_<device>.json)")
+    ap.add_argument(
+        "--out", default=None, help="JSON path (default benchmarks/results/first_run_gpu.json, or throughput_cpu.json)"
+    )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one process of the GPU procedure
     args = ap.parse_args()
     cpu = args.cpu or not torch.cuda.is_available()
@@ -336,7 +338,8 @@ def main() -> None:
     print(f"minivllm bench: {title}")
     for k, v in rows:
         print(f"  {k:<{width}}  {v}")
-    save_json(result, args.out or os.path.join("benchmarks", "results", f"throughput_{'cpu' if cpu else 'gpu'}.json"))
+    name = "throughput_cpu.json" if cpu else "first_run_gpu.json"  # GPU: first run and warm runs, bare and cached
+    save_json(result, args.out or os.path.join("benchmarks", "results", name))
 
 
 if __name__ == "__main__":

@@ -268,8 +268,8 @@ class LLMEngine:
 
     def _finish(self, launched: Launched) -> list[RequestOutput]:
         """Wait for a launched step's tokens, account them, and make the outputs."""
+        t = time.perf_counter()  # postprocess includes the wait for the GPU (StepRecord: where the wall time went)
         tokens, logprobs = launched.handle.result()
-        t = time.perf_counter()
         # sequences with per-token work (an aborted one's token is dropped); the others need nothing until done
         work = [(seq, pos) for seq, pos in launched.sampled if seq.output_work and not seq.is_finished]
         finished = self.scheduler.on_result(launched.seqs, launched.sampled, tokens)
