@@ -14,17 +14,16 @@ import torch
 import torch.distributed as dist
 
 from minivllm.config import Config
-from minivllm.engine import step_inputs
+from minivllm.engine import step_inputs, warmup
 from minivllm.engine.cuda_graphs import DecodeGraphs
 from minivllm.engine.kv_cache import GpuMemory, allocate_zeroed, kv_block_bytes, kv_cache_shape, num_kvcache_blocks
-from minivllm.engine.sampling_inputs import SamplingInputs, prepare_sampling
+from minivllm.engine.sampling_inputs import SamplingInputs, prepare_sampling, sample_tokens
 from minivllm.engine.sequence import Sequence
 from minivllm.engine.step_inputs import DecodeLayout, InputBuffers, StepInput
 from minivllm.engine.tp_workers import Reporter, Workers
 from minivllm.layers import attention_backend
 from minivllm.layers.attention import Attention
-from minivllm.layers.logprobs import LogprobsTensors, add_sampled, raw_logprobs
-from minivllm.layers.penalties import apply_penalties, ban_tokens
+from minivllm.layers.logprobs import LogprobsTensors
 from minivllm.layers.sampler import Sampler
 from minivllm.models.qwen3 import Qwen3ForCausalLM
 from minivllm.utils.context import reset_context, set_context
@@ -153,25 +152,9 @@ class ModelRunner:
             seqs, self.buffers, device=self.device, eos=self.eos, vocab=self.vocab_size, in_graph=in_graph
         )
 
-    @torch.inference_mode()
     def sample(self, logits: torch.Tensor, s: SamplingInputs) -> tuple[torch.Tensor, LogprobsTensors | None]:
-        """Tokens (B,) int64 from the step's logits (B, V), in vLLM's order: raw logprobs, min_tokens,
-        penalties, then the sampler (temperature, filters, the race; seeded rows from their own streams)."""
-        logprobs = None
-        if s.logprob_rows:
-            raw, logprobs = raw_logprobs(logits, s.logprob_rows, s.num_logprobs)
-        if s.banned is not None or s.penalties is not None:
-            logits = logits.float()  # (B, V), changed in place below
-            if s.banned is not None:
-                ban_tokens(logits, *s.banned)
-            if (p := s.penalties) is not None:
-                logits[p.rows] = apply_penalties(
-                    logits[p.rows], p.output_counts, p.prompt_mask, p.presence, p.frequency, p.repetition
-                )
-        tokens = self.sampler(logits, s.temperatures, s.top_ks, s.top_ps, min_ps=s.min_ps, generators=s.generators)
-        if logprobs is not None:
-            add_sampled(logprobs, raw, tokens)
-        return tokens, logprobs
+        """The eager sampling path (sampling_inputs.sample_tokens): rows that need more than the graph's draw."""
+        return sample_tokens(self.sampler, logits, s)
 
     # --- running a step ---------------------------------------------------------------------------------
 
@@ -242,41 +225,11 @@ class ModelRunner:
 
     # --- start-up: warm-up, KV cache, CUDA graphs --------------------------------------------------------
 
-    @torch.inference_mode()
     def warmup_model(self) -> None:
-        """Run the largest prefill (and the sampler on the largest batch) once, so that kernels are compiled
-        and the peak activation memory is known before the KV cache takes the rest (GPU only)."""
-        c = self.config
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        seq_len = min(c.max_model_len, c.max_num_batched_tokens)
-        num_seqs = max(1, min(c.max_num_batched_tokens // seq_len, c.max_num_seqs))
-        seqs = [Sequence([0] * seq_len) for _ in range(num_seqs)]
-        for s in seqs:
-            s.num_scheduled_tokens = seq_len
-            s.block_table = list(range(self.max_num_blocks))
-        self.run_model(self.prepare_prefill(seqs))
-        if self.rank == 0:
-            logits = torch.zeros(c.max_num_seqs, c.hf_config.vocab_size, device=self.device, dtype=self.dtype)
-            t = torch.ones(c.max_num_seqs, device=self.device)
-            self.sampler(logits, t, torch.ones_like(t, dtype=torch.int32), t)
-        torch.cuda.synchronize()
+        warmup.warmup_model(self)  # the largest prefill and sampler (engine/warmup.py)
 
-    @torch.inference_mode()
     def warmup_prefill_variants(self) -> None:
-        """Prefill kernels come in variants that FlashAttention-4 compiles on first use (2-3 s each): keys
-        fresh or partly from the cache (a prefix hit, a later chunk), and queries that fit in one tile or
-        not. warmup_model ran the fresh long one; run the other three now, not inside the first requests
-        (benchmarks/NOTES.md). Writes a few slots of the still unused cache."""
-        c = self.config
-        cached = self.block_size  # one block of keys "from the cache"
-        room = min(c.max_num_batched_tokens, c.max_model_len - cached)  # positions must stay in the model's range
-        for num_cached, num_new in [(0, 1)] + [(cached, n) for n in (8, min(512, room)) if 1 <= n <= room]:
-            seq = Sequence([0] * (num_cached + num_new))
-            blocks = -(-(num_cached + num_new) // self.block_size)
-            seq.block_table = [b % self.config.num_kvcache_blocks for b in range(blocks)]
-            seq.num_computed_tokens, seq.num_scheduled_tokens = num_cached, num_new
-            self.run_model(self.prepare_prefill([seq]))
+        warmup.warmup_prefill_variants(self)
 
     def allocate_kv_cache(self) -> None:
         block_bytes = kv_block_bytes(self.config, self.dtype)

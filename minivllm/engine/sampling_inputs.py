@@ -10,7 +10,9 @@ import torch
 
 from minivllm.engine.sequence import PENDING, Sequence
 from minivllm.engine.step_inputs import InputBuffers
-from minivllm.layers.penalties import token_counts
+from minivllm.layers.logprobs import LogprobsTensors, add_sampled, raw_logprobs
+from minivllm.layers.penalties import apply_penalties, ban_tokens, token_counts
+from minivllm.layers.sampler import Sampler
 
 
 @dataclass(slots=True)
@@ -136,3 +138,26 @@ def penalties(seqs: list[Sequence], rows: list[int], vocab: int, device: torch.d
         frequency=floats("frequency_penalty"),
         repetition=floats("repetition_penalty"),
     )
+
+
+@torch.inference_mode()
+def sample_tokens(
+    sampler: Sampler, logits: torch.Tensor, s: SamplingInputs
+) -> tuple[torch.Tensor, LogprobsTensors | None]:
+    """Tokens (B,) int64 from the step's logits (B, V), in vLLM's order: raw logprobs, min_tokens,
+    penalties, then the sampler (temperature, filters, the race; seeded rows from their own streams)."""
+    logprobs = None
+    if s.logprob_rows:
+        raw, logprobs = raw_logprobs(logits, s.logprob_rows, s.num_logprobs)
+    if s.banned is not None or s.penalties is not None:
+        logits = logits.float()  # (B, V), changed in place below
+        if s.banned is not None:
+            ban_tokens(logits, *s.banned)
+        if (p := s.penalties) is not None:
+            logits[p.rows] = apply_penalties(
+                logits[p.rows], p.output_counts, p.prompt_mask, p.presence, p.frequency, p.repetition
+            )
+    tokens = sampler(logits, s.temperatures, s.top_ks, s.top_ps, min_ps=s.min_ps, generators=s.generators)
+    if logprobs is not None:
+        add_sampled(logprobs, raw, tokens)
+    return tokens, logprobs

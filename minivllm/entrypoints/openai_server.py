@@ -1,6 +1,6 @@
 """An OpenAI-compatible HTTP server over the async engine (vLLM's `vllm serve`; FastAPI + uvicorn):
 GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions, the last two also streaming
-(`"stream": true`: server-sent events, one `data: {chunk}` per step with new text, then `data: [DONE]`), and
+(`"stream": true`: server-sent events, one `data: {chunk}` per step with new tokens, then `data: [DONE]`), and
 vLLM's POST /reset_prefix_cache (for benchmarks).
 
 Each HTTP request becomes one engine request per prompt (their `n` sequences are the choices); their
@@ -11,12 +11,10 @@ SIGINT / SIGTERM abort every request first (streams end with finish_reason "abor
 the connections and the engine stops with its TP workers (`run_server`)."""
 
 import asyncio
-import json
 import signal
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import uvicorn
@@ -26,8 +24,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from minivllm.engine.async_llm import AsyncLLM, EngineDeadError
 from minivllm.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from minivllm.entrypoints.responses import ChatCompletions, Completions, error_response
 from minivllm.inputs import is_token_ids, render_chat
-from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.utils.dist import free_port
 
 FIELDS = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields) | {"logprobs", "top_k"}
@@ -37,11 +35,6 @@ class BadRequest(ValueError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
-
-
-def error_response(message: str, param: str | None = None, status: int = 400) -> JSONResponse:
-    kind = {400: "BadRequestError", 500: "InternalServerError", 503: "ServiceUnavailableError"}[status]
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
 
 
 def param_of(message: str, prompt: str) -> str | None:
@@ -57,41 +50,6 @@ def param_of(message: str, prompt: str) -> str | None:
 
 def bad_request(e: Exception, prompt: str = "prompt") -> JSONResponse:
     return error_response(str(e), e.param if isinstance(e, BadRequest) else param_of(str(e), prompt))
-
-
-def sse(data) -> str:
-    return f"data: {json.dumps(data) if not isinstance(data, str) else data}\n\n"
-
-
-async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """(i, output) from several streams as they come. Leaving early closes every stream (aborting its request)."""
-    queue: asyncio.Queue = asyncio.Queue()
-    end = object()
-
-    async def pump(i: int, stream: AsyncIterator[RequestOutput]) -> None:
-        try:
-            async for output in stream:
-                queue.put_nowait((i, output))
-        except Exception as e:
-            queue.put_nowait((i, e))
-        finally:
-            queue.put_nowait((i, end))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            i, item = await queue.get()
-            if item is end:
-                remaining -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def until_disconnect(request: Request, work):
@@ -116,46 +74,6 @@ async def until_disconnect(request: Request, work):
 
 
 # --- pieces of the responses -------------------------------------------------------------------------------
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return dict(
-        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens
-    )
-
-
-def token_text(lp, token: int, as_ids: bool) -> str:
-    return f"token_id:{token}" if as_ids else lp.decoded_token
-
-
-def completion_logprobs(c: CompletionOutput, k: int, offset: int, as_ids: bool) -> dict:
-    """OpenAI's completions logprobs of the tokens of `c`; text offsets start at `offset`."""
-    out = dict(text_offset=[], token_logprobs=[], tokens=[], top_logprobs=[])
-    for token, step in zip(c.token_ids, c.logprobs):
-        text = token_text(step[token], token, as_ids)
-        out["text_offset"].append(offset)
-        out["token_logprobs"].append(step[token].logprob)
-        out["tokens"].append(text)
-        out["top_logprobs"].append(
-            {token_text(lp, t, as_ids): lp.logprob for t, lp in step.items() if t == token or lp.rank <= k}
-        )
-        offset += len(text)
-    return out
-
-
-def chat_logprobs(c: CompletionOutput, k: int, as_ids: bool) -> dict:
-    """OpenAI's chat logprobs: per token its text, logprob, UTF-8 bytes and the top k."""
-    entry = lambda text, lp: dict(token=text, logprob=lp, bytes=list(text.encode()))
-    content = []
-    for token, step in zip(c.token_ids, c.logprobs):
-        top = sorted(((lp.rank, t, lp) for t, lp in step.items() if lp.rank <= k), key=lambda x: x[0])
-        item = entry(token_text(step[token], token, as_ids), step[token].logprob)
-        item["top_logprobs"] = [entry(token_text(lp, t, as_ids), lp.logprob) for _, t, lp in top[:k]]
-        content.append(item)
-    return dict(content=content)
-
-
-# --- the app -----------------------------------------------------------------------------------------------
 
 
 def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) -> FastAPI:
@@ -258,138 +176,6 @@ def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) 
         return await until_disconnect(raw, run.full())
 
     return app
-
-
-class Completions:
-    """One /v1/completions request: its engine streams turned into a response or into SSE chunks."""
-
-    object, chunk_object = "text_completion", "text_completion"
-
-    def __init__(self, body, rid: str, model: str, streams: list, echo: list[str] | None) -> None:
-        self.body, self.rid, self.model, self.streams, self.echo = body, rid, model, streams, echo
-        self.created = int(time.time())
-        self.n = body.n
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
-        self.text_len: dict[int, int] = {}  # choice -> characters sent (logprobs' text offsets)
-
-    def head(self, obj: str) -> dict:
-        return dict(id=self.rid, object=obj, created=self.created, model=self.model)
-
-    def logprobs(self, choice: int, c: CompletionOutput):
-        if self.body.logprobs is None:
-            return None
-        lp = completion_logprobs(
-            c, self.body.logprobs, self.text_len.get(choice, 0), self.body.return_tokens_as_token_ids
-        )
-        return lp
-
-    def choice(self, i: int, c: CompletionOutput) -> dict:
-        index = i * self.n + c.index
-        text = (self.echo[i] if self.echo and index not in self.text_len else "") + c.text  # echo: first chunk
-        choice = dict(index=index, text=text, logprobs=self.logprobs(index, c))
-        self.text_len[index] = self.text_len.get(index, 0) + len(text)
-        return dict(**choice, finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-
-    def count(self, output: RequestOutput, first: bool) -> None:
-        self.prompt_tokens += len(output.prompt_token_ids) if first else 0
-        self.completion_tokens += sum(len(c.token_ids) for c in output.outputs)
-
-    async def full(self) -> dict | JSONResponse:
-        try:
-            results: dict[int, RequestOutput] = {}
-            async for i, output in merge(self.streams):
-                results[i] = output
-        except EngineDeadError as e:
-            return error_response(str(e), status=500)
-        choices = []
-        for i in sorted(results):
-            self.count(results[i], True)
-            choices += [self.choice(i, c) for c in results[i].outputs]
-        return self.response(sorted(choices, key=lambda c: c["index"]))
-
-    def response(self, choices: list[dict]) -> dict:
-        return dict(**self.head(self.object), choices=choices, usage=usage(self.prompt_tokens, self.completion_tokens))
-
-    async def stream(self) -> AsyncIterator[str]:
-        opts = self.body.stream_options
-        continuous = bool(opts and opts.continuous_usage_stats)
-        seen: set[int] = set()
-        try:
-            async for i, output in merge(self.streams):
-                first = i not in seen
-                seen.add(i)
-                self.count(output, first)
-                for chunk in self.chunks(i, output, first):
-                    if continuous:
-                        chunk["usage"] = usage(self.prompt_tokens, self.completion_tokens)
-                    yield sse(chunk)
-            if opts and opts.include_usage:
-                yield sse(
-                    dict(
-                        **self.head(self.chunk_object),
-                        choices=[],
-                        usage=usage(self.prompt_tokens, self.completion_tokens),
-                    )
-                )
-        except EngineDeadError as e:
-            yield sse({"error": {"message": str(e), "type": "InternalServerError", "param": None, "code": 500}})
-        yield sse("[DONE]")
-
-    def chunks(self, i: int, output: RequestOutput, first: bool) -> list[dict]:
-        return [
-            dict(**self.head(self.chunk_object), choices=[self.choice(i, c)])
-            for c in output.outputs
-            # a chunk for every step with new tokens, as vLLM sends (their text may be empty: a partial UTF-8
-            # character, a held-back stop-string prefix, or tokens that decode to nothing)
-            if c.text
-            or c.token_ids
-            or c.finish_reason
-            or c.logprobs
-            or (self.echo and i * self.n + c.index not in self.text_len)
-        ]
-
-
-class ChatCompletions(Completions):
-    """One /v1/chat/completions request: the assistant's message, or its deltas."""
-
-    object, chunk_object = "chat.completion", "chat.completion.chunk"
-
-    def logprobs(self, choice: int, c: CompletionOutput):
-        if not self.body.logprobs:
-            return None
-        return chat_logprobs(c, self.body.top_logprobs or 0, self.body.return_tokens_as_token_ids)
-
-    def choice(self, i: int, c: CompletionOutput) -> dict:
-        message = dict(role="assistant", content=c.text)
-        return dict(
-            index=c.index,
-            message=message,
-            logprobs=self.logprobs(c.index, c),
-            finish_reason=c.finish_reason,
-            stop_reason=c.stop_reason,
-        )
-
-    def chunks(self, i: int, output: RequestOutput, first: bool) -> list[dict]:
-        chunks = []
-        if first:  # the role first, for every choice (OpenAI's stream starts so)
-            for index in range(self.n):
-                delta = dict(role="assistant", content="")
-                chunks.append(
-                    dict(
-                        **self.head(self.chunk_object),
-                        choices=[dict(index=index, delta=delta, logprobs=None, finish_reason=None)],
-                    )
-                )
-        for c in output.outputs:
-            if c.text or c.finish_reason or c.logprobs:
-                choice = dict(index=c.index, delta=dict(content=c.text), logprobs=self.logprobs(c.index, c))
-                choice.update(finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-                chunks.append(dict(**self.head(self.chunk_object), choices=[choice]))
-        return chunks
-
-
-# --- running it --------------------------------------------------------------------------------------------
 
 
 class Server(uvicorn.Server):
