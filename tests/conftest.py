@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from minivllm.testing.tiny_model import make_tiny_checkpoint
+from minivllm.testing.tiny_model import TINY_LLAMA, make_tiny_checkpoint
 
 TOLERANCES = {
     torch.float64: (1e-10, 1e-10),
@@ -48,15 +48,7 @@ def tiny_qwen2(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> str:
-    return make_tiny_checkpoint(
-        str(tmp_path_factory.mktemp("tiny_llama")),
-        "llama",
-        num_attention_heads=6,
-        num_key_value_heads=3,
-        head_dim=None,
-        hidden_size=96,
-        tie_word_embeddings=False,
-    )
+    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny_llama")), "llama", **TINY_LLAMA)
 
 
 # --- bf16 greedy against a reference, up to what bf16 itself gets wrong -------------------------------------

@@ -22,6 +22,10 @@ TINY = dict(
     tie_word_embeddings=True,
     initializer_range=0.5,
 )
+# the tests' Llama: 6 query heads over 3 KV heads, head_dim from hidden_size, an LM head of its own
+TINY_LLAMA = dict(
+    num_attention_heads=6, num_key_value_heads=3, head_dim=None, hidden_size=96, tie_word_embeddings=False
+)
 QWEN3_0_6B = dict(
     vocab_size=151936,
     hidden_size=1024,
