@@ -55,6 +55,20 @@ def tiny_llama(tmp_path_factory) -> str:
 
 
 @torch.inference_mode()
+def hf_greedy(model, ids: list[int], n: int, eos: int | None = None) -> list[int]:
+    """transformers' greedy continuation of one prompt: n tokens, or fewer if `eos` comes (None: EOS ignored)."""
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=n,
+            eos_token_id=eos,
+            pad_token_id=0,
+        )
+    return out[0, len(ids) :].tolist()
+
+
 def teacher_forced_logits(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     """A transformers model's logits (len(tokens), vocab) for each of `tokens` given the prompt and the tokens
     before it: one forward over prompt + tokens."""

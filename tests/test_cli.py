@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import minivllm.llm
-from conftest import needs_smollm2, with_generation_config
+from conftest import hf_greedy, needs_smollm2, with_generation_config
 from minivllm import LLM
 from minivllm.__main__ import main
 from minivllm.engine import model_runner
@@ -73,16 +73,7 @@ def hf(tiny_qwen3):
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen3)
 
     def greedy(ids: list[int], n: int, eos: int | None = None) -> list[int]:
-        with torch.no_grad():
-            out = model.generate(
-                torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                do_sample=False,
-                max_new_tokens=n,
-                eos_token_id=eos,
-                pad_token_id=0,
-            )
-        return out[0, len(ids) :].tolist()
+        return hf_greedy(model, ids, n, eos)
 
     greedy.tokenizer = tokenizer
     greedy.text = lambda tokens: tokenizer.decode(tokens, skip_special_tokens=True).strip()

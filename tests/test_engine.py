@@ -19,7 +19,13 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import assert_greedy_within_bf16, bf16_greedy_margin, teacher_forced_logits, with_generation_config
+from conftest import (
+    assert_greedy_within_bf16,
+    bf16_greedy_margin,
+    hf_greedy,
+    teacher_forced_logits,
+    with_generation_config,
+)
 from minivllm import LLM, SamplingParams
 
 N = 10  # tokens generated per prompt
@@ -47,16 +53,7 @@ def hf(tiny_qwen3):
         ids = tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
         key = (tuple(ids), n)
         if key not in cache:
-            with torch.no_grad():
-                out = model.generate(
-                    torch.tensor([ids]),
-                    attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                    do_sample=False,
-                    max_new_tokens=n,
-                    eos_token_id=None,
-                    pad_token_id=0,
-                )
-            cache[key] = out[0, len(ids) :].tolist()
+            cache[key] = hf_greedy(model, ids, n)
             assert len(cache[key]) == n
         return cache[key]
 
