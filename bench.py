@@ -83,8 +83,8 @@ class CompileCounter:
 
         fa4 = -1
         if "flash_attn.cute.interface" in sys.modules:
-            fwd = sys.modules["flash_attn.cute.interface"]._flash_attn_fwd
-            fa4 = len(getattr(getattr(fwd, "compile_cache", None), "cache", getattr(fwd, "compile_cache", {})))
+            cache = getattr(sys.modules["flash_attn.cute.interface"]._flash_attn_fwd, "compile_cache", {})
+            fa4 = len(getattr(cache, "cache", cache))  # FlashAttention-4's JITCache keeps its dict in .cache
         return dict(triton=self.triton, dynamo_graphs=int(counters["stats"]["unique_graphs"]), fa4=fa4)
 
 

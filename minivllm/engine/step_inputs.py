@@ -190,9 +190,8 @@ class InputBuffers:
 
     def upload_decode(self, inp: StepInput) -> dict[str, torch.Tensor]:
         """A decode step's inputs at the layout's fixed offsets; returns the views of this batch."""
-        names = ["input_ids", "positions", "slot_mapping", "context_lens", "block_tables"]
-        names += ["src"] if inp.src is not None else []
-        offsets = self.layout.offsets()
+        offsets = self.layout.offsets()  # the layout names the fields; src only when something is fed
+        names = [n for n in offsets if getattr(inp, n) is not None]
         views = self.upload([getattr(inp, n) for n in names], [offsets[n] for n in names])
         return dict(zip(names, views))
 
