@@ -13,6 +13,7 @@ request; ITL = the gaps between streamed chunks (one chunk per engine step with 
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -42,15 +43,17 @@ def model_dir(name: str | None, cache: str) -> str | None:
     return make_tiny_checkpoint(os.path.join(cache, "qwen3-0.6b-random"), "qwen3", dtype=torch.bfloat16, **QWEN3_0_6B)
 
 
-def start_server(model: str | None, port: int, server_args: list[str]) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "minivllm", "serve", "--port", str(port), "--log-level", "warning", *server_args]
+def start_server(model: str | None, port: int, server_args: list[str], log_level: str, log: str | None):
+    """`python3 -m minivllm serve` in a subprocess (its output to `log`, else to ours), once /health answers."""
+    cmd = [sys.executable, "-m", "minivllm", "serve", "--port", str(port), "--log-level", log_level, *server_args]
     cmd += ["--model", model] if model else []
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(cmd, env=env)
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "PYTHONFAULTHANDLER": "1"}
+    with open(log, "w") if log else contextlib.nullcontext() as out:  # the child keeps its own copy of the file
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
     deadline = time.time() + 900  # a GPU engine captures its graphs first
     while True:
         if proc.poll() is not None:
-            raise SystemExit(f"the server exited with code {proc.returncode}")
+            raise SystemExit(f"the server exited with code {proc.returncode}{server_log_tail(log)}")
         if time.time() > deadline:
             proc.kill()
             raise SystemExit("the server did not come up in 900 s")
@@ -61,7 +64,23 @@ def start_server(model: str | None, port: int, server_args: list[str]) -> subpro
             time.sleep(0.5)
 
 
+def server_log_tail(log: str | None, lines: int = 30) -> str:
+    if not log or not os.path.exists(log):
+        return ""
+    with open(log, errors="replace") as f:
+        return "; the end of its log:\n" + "".join(f.readlines()[-lines:])
+
+
 async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], output_len: int) -> dict:
+    """One streaming completion; a failed one (an HTTP error, a connection the server closed) is returned with
+    its error, and counted apart, as vLLM's benchmark counts failed requests."""
+    try:
+        return await timed_request(client, url, model, prompt, output_len)
+    except (httpx.HTTPError, json.JSONDecodeError, KeyError) as e:
+        return dict(error=f"{type(e).__name__}: {e}", input_tokens=len(prompt))
+
+
+async def timed_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], output_len: int) -> dict:
     body = dict(
         model=model,
         prompt=prompt,
@@ -116,6 +135,25 @@ async def run_level(url: str, model: str, prompts: list[list[int]], output_len: 
     return summarize(results, duration, concurrency, rate)
 
 
+def check_level(level: dict, server: subprocess.Popen, log: str | None, name: str = "") -> None:
+    """Say at once how a level went: what failed (the requests' errors), and whether the server is alive."""
+    print(
+        f"{name or 'concurrency'} {level['concurrency']}: {level['completed']} completed, {level['failed']} failed, "
+        f"{level['output_throughput']:.0f} output tok/s",
+        flush=True,
+    )
+    if level["failed"]:
+        print(
+            f"concurrency {level['concurrency']}: {level['failed']} of {level['failed'] + level['completed']} "
+            f"requests failed: {level['errors']}",
+            file=sys.stderr,
+        )
+    if server.poll() is not None:
+        raise SystemExit(f"the server exited with code {server.returncode} during the benchmark{server_log_tail(log)}")
+    if not level["completed"]:
+        raise SystemExit(f"every request failed, the server still running{server_log_tail(log)}")
+
+
 def stats(values: list[float], name: str) -> dict:
     v = np.asarray(values, dtype=float) * 1000 if values else np.zeros(1)
     return {
@@ -126,12 +164,16 @@ def stats(values: list[float], name: str) -> dict:
 
 
 def summarize(results: list[dict], duration: float, concurrency: int, rate: float) -> dict:
+    errors = [r["error"] for r in results if "error" in r]
+    results = [r for r in results if "error" not in r]
     out_tokens = sum(r["output_tokens"] for r in results)
     in_tokens = sum(r["input_tokens"] for r in results)
     return dict(
         concurrency=concurrency,
         request_rate=rate if rate != float("inf") else "inf",
         completed=len(results),
+        failed=len(errors),
+        errors=sorted(set(errors))[:5],
         duration_s=duration,
         total_input_tokens=in_tokens,
         total_output_tokens=out_tokens,
@@ -149,6 +191,7 @@ def print_table(levels: list[dict], device: str, model: str) -> None:
     cols = [
         ("concurrency", "conc", "{}"),
         ("completed", "reqs", "{}"),
+        ("failed", "failed", "{}"),
         ("request_throughput", "req/s", "{:.2f}"),
         ("output_throughput", "out tok/s", "{:.1f}"),
         ("mean_ttft_ms", "TTFT mean", "{:.0f}"),
@@ -204,6 +247,8 @@ def main() -> None:
     ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "minivllm"))
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/serve_<device>.json)")
     ap.add_argument("--figure", default=None, help="also draw TTFT and TPOT against concurrency to this PNG")
+    ap.add_argument("--server-log", default=None, help="the server's output to this file (default: this terminal)")
+    ap.add_argument("--server-log-level", default="warning", help="the server's --log-level (default warning)")
     args = ap.parse_args()
     import torch
 
@@ -213,14 +258,15 @@ def main() -> None:
     args.output_len = args.output_len or (128 if gpu else 32)
     model = model_dir(args.model, args.cache)
     port = free_port()
-    server = start_server(model, port, args.server_args.split())
+    server = start_server(model, port, args.server_args.split(), args.server_log_level, args.server_log)
     url = f"http://127.0.0.1:{port}"
     try:
         served = httpx.get(url + "/v1/models").json()["data"][0]
         vocab_top = 10000 if model is None or args.model == RANDOM_QWEN3 else 1000
         rng = random.Random(0)
         warm = [[rng.randint(1, vocab_top) for _ in range(args.input_len)] for _ in range(4)]
-        asyncio.run(run_level(url + "/v1/completions", served["id"], warm, 8, 4, float("inf")))  # compile, JIT
+        warmup = asyncio.run(run_level(url + "/v1/completions", served["id"], warm, 8, 4, float("inf")))  # JIT
+        check_level(warmup, server, args.server_log, "warm-up at concurrency")
         levels = []
         for c in args.concurrency:
             n = args.num_prompts or max(4 * c, 8)
@@ -231,6 +277,7 @@ def main() -> None:
                     run_level(url + "/v1/completions", served["id"], prompts, args.output_len, c, args.request_rate)
                 )
             )
+            check_level(levels[-1], server, args.server_log)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=120)

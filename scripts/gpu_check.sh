@@ -15,18 +15,23 @@
 #   tp          two GPUs: notebook 14 under nbval with MINIVLLM_REQUIRE_GPUS=2 (TP=2 with CUDA graphs == TP=1),
 #               then scripts/gpu_tp.py (TP=2 vs TP=1 in fp32 and bf16, two engines side by side, no stray process);
 #               `tp:14` runs only the notebook, `tp:script` only gpu_tp.py (it starts 11 engines: minutes)
+#   serve       the serving and sampling tests on CUDA (test_server, test_async_engine, test_offline_api,
+#               test_sampling_features: their engines take the GPU when there is one), then
+#               benchmarks/bench_serve.py on bench.py's random Qwen3-0.6B -> DIR/results/serve_gpu.json and
+#               DIR/results/16_serving_gpu.png, the server's own log in DIR/serve_server.log
 #   bench       python3 bench.py (TP=1, nano-vllm's workload)      -> DIR/throughput_gpu.json
 #   bench-tp2   python3 bench.py --tp 2 (two GPUs)                  -> DIR/throughput_gpu_tp2.json
 #   profile     benchmarks/profile_decode.py (decode-graph replay per batch size) -> DIR/decode_replay.txt
 #   smoke       scripts/gpu_smoke.py (every backend, graphs on and off, greedy tokens against a reference)
-#   all         tests notebooks bench profile smoke (and tp, bench-tp2 when two GPUs are present)
+#   all         tests notebooks serve bench profile smoke (and tp, bench-tp2 when two GPUs are present)
 #
 # Without a GPU it refuses to run (a GPU check that passes by skipping checks nothing); GPU_CHECK_ALLOW_CPU=1 runs
 # the parts on the CPU anyway, as a dry run of the script itself.
 # Environment it sets: MINIVLLM_REQUIRE_FA4=1 (a GPU on which FlashAttention-4 cannot run fails the tests and the
 # notebooks' GPU cells instead of letting them pass on another backend; see minivllm/testing/gpu.py),
 # NCCL_NVLS_ENABLE=0 (no NVLink multicast), TOKENIZERS_PARALLELISM=false, PYTHONPATH=<repo>. Needs, besides the
-# project: FlashAttention-4 (`flash_attn.cute`), nbval and a Jupyter kernel (the notebooks), xxhash.
+# project: FlashAttention-4 (`flash_attn.cute`), nbval and a Jupyter kernel (the notebooks), xxhash, and for `serve`
+# fastapi and uvicorn (dependencies) with httpx and openai (the dev extras).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-gpu_out}
@@ -34,11 +39,11 @@ parts=()
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) parts+=("$1"); shift ;;
   esac
 done
-[ ${#parts[@]} -gt 0 ] || { sed -n '2,29p' "$0"; exit 2; }
+[ ${#parts[@]} -gt 0 ] || { sed -n '2,34p' "$0"; exit 2; }
 mkdir -p "$out/results"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} MINIVLLM_REQUIRE_FA4=1 NCCL_NVLS_ENABLE=0 TOKENIZERS_PARALLELISM=false
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
@@ -47,7 +52,7 @@ if [ "$gpus" = 0 ] && [ "${GPU_CHECK_ALLOW_CPU:-0}" != 1 ]; then  # a GPU check 
   exit 1
 fi
 if [ "${parts[*]}" = all ]; then
-  parts=(tests notebooks bench profile smoke)
+  parts=(tests notebooks serve bench profile smoke)
   [ "$gpus" -ge 2 ] && parts+=(tp bench-tp2)
 fi
 
@@ -109,6 +114,12 @@ for part in "${parts[@]}"; do
       if [ "$part" != tp:14 ]; then
         run_part tp-script python3 scripts/gpu_tp.py --out "$out/gpu_tp.json"
       fi ;;
+    serve)
+      run_part serve-tests "${PYTEST[@]}" tests/test_server.py tests/test_async_engine.py tests/test_offline_api.py \
+        tests/test_sampling_features.py
+      run_part serve-bench python3 benchmarks/bench_serve.py --model random-qwen3-0.6b \
+        --out "$out/results/serve_gpu.json" --figure "$out/results/16_serving_gpu.png" \
+        --server-log "$out/serve_server.log" --server-log-level info ;;
     bench)
       run_part bench python3 bench.py --out "$out/throughput_gpu.json" ;;
     bench-tp2)
