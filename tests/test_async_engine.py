@@ -16,17 +16,19 @@ random workloads 2 x 250 (tests/test_scheduler.py), the block manager's state ma
 (tests/test_block_manager.py): 1,060 random workloads in all."""
 
 import asyncio
+import copy
 import time
 import zlib
 from dataclasses import dataclass, replace
 
 import pytest
+import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from test_block_manager import check_accounting
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.async_llm import AsyncLLM
+from minivllm.engine.async_llm import AsyncLLM, EngineDeadError
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.sequence import PENDING, Sequence
 from minivllm.engine.step_inputs import prepare_decode, prepare_prefill
@@ -55,6 +57,8 @@ class FakeRunner:
 
     def __init__(self, engine, block_size: int, delay: float = 0.0) -> None:
         self.engine, self.bs, self.delay = engine, block_size, delay
+        # the engine thread selects the runner's device (a GPU engine's: its first GPU)
+        self.device = torch.device("cuda", 0) if engine.config.device == "cuda" else torch.device("cpu")
         self.seen: dict[int, Sequence] = {}  # every sequence scheduled, by id
         self.slots: dict[tuple[int, int], tuple] = {}  # (block, offset) -> the prefix its K/V came from
         self.previous: list[Sequence] = []
@@ -314,3 +318,58 @@ def test_async_loop_random_arrivals_and_aborts(engine, w):
         if seq.request_id in closed:
             assert seq.finish_reason == "abort" or len(seq.output_token_ids) <= closed[seq.request_id] + 3
     events(engine, collector)
+
+
+def run_first_output(llm: AsyncLLM, prompt: list[int]):
+    """The first output of a request, or the error its stream ends with; a stream nobody answers fails the
+    test after 10 s instead of hanging it."""
+
+    async def first():
+        async for out in llm.generate(prompt, SamplingParams(max_tokens=2), "r0"):
+            return out
+
+    return asyncio.run(asyncio.wait_for(first(), timeout=10))
+
+
+def test_an_engine_thread_that_fails_to_start_fails_the_requests(tiny_qwen3, monkeypatch):
+    """The engine thread fails before its loop (here: selecting the engine's GPU): a request gets
+    EngineDeadError naming the cause, not a stream that never answers (as it did on a GPU, once)."""
+    engine = LLM(tiny_qwen3, num_kvcache_blocks=8, kvcache_block_size=4, max_model_len=64)
+    config = engine.config
+    engine.config = copy.copy(config)
+    engine.config.device = "cuda"  # (set after validation: this machine may have no GPU)
+
+    def no_gpu(device):
+        raise RuntimeError("no GPU here")
+
+    monkeypatch.setattr(torch.cuda, "set_device", no_gpu)
+    llm = AsyncLLM(engine)
+    try:
+        with pytest.raises(EngineDeadError, match="no GPU here"):
+            run_first_output(llm, [1, 2, 3])
+        assert not llm.is_running
+    finally:
+        engine.config = config
+        llm.shutdown()
+
+
+def test_an_engine_that_fails_on_a_request_fails_its_stream(tiny_qwen3):
+    """queue_request fails with an engine error (not a bad request): that request's stream hears why, the
+    engine thread stops, and a later request is refused at once."""
+    engine = LLM(tiny_qwen3, num_kvcache_blocks=8, kvcache_block_size=4, max_model_len=64)
+
+    def broken(request):
+        raise RuntimeError("the scheduler broke")
+
+    engine.queue_request = broken
+    llm = AsyncLLM(engine)
+    try:
+        with pytest.raises(EngineDeadError, match="the scheduler broke"):
+            run_first_output(llm, [1, 2, 3])
+        llm.thread.join(10)
+        assert not llm.is_running
+        with pytest.raises(EngineDeadError):
+            run_first_output(llm, [4, 5])
+    finally:
+        del engine.queue_request
+        llm.shutdown()

@@ -110,10 +110,10 @@ class AsyncLLM:
     # --- the engine thread ----------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        if self.engine.config.device == "cuda":
-            torch.cuda.set_device(self.engine.model_runner.device)  # the current device is per thread
         error = EngineDeadError("the engine was shut down")
         try:
+            if self.engine.config.device == "cuda":
+                torch.cuda.set_device(self.engine.model_runner.device)  # the current device is per thread
             while self._apply_commands(block=not self.engine.has_unfinished_requests()):
                 if self.engine.has_unfinished_requests():
                     self._deliver(self.engine.step())
@@ -140,9 +140,13 @@ class AsyncLLM:
                 _, request, loop, stream = command
                 try:
                     self.engine.queue_request(request)
-                    self.streams[request.request_id] = (loop, stream)
                 except (ValueError, TypeError) as e:  # e.g. a request id already in use
                     _send(loop, stream.put_nowait, e)
+                except BaseException as e:  # the engine failed: the thread stops, and this stream hears why
+                    _send(loop, stream.put_nowait, EngineDeadError(f"the engine stopped: {type(e).__name__}: {e}"))
+                    raise
+                else:
+                    self.streams[request.request_id] = (loop, stream)
             elif command[0] == "abort":
                 self._abort([command[1]] if isinstance(command[1], str) else list(command[1]))
             elif command[0] == "abort_all":
