@@ -345,6 +345,28 @@ def test_serve_imports_the_server_only_when_serving_and_refuses_a_busy_port(tiny
     assert "cannot listen on 127.0.0.1:" in capsys.readouterr().err
 
 
+def test_keep_alive_timeout_reaches_uvicorn(tiny_qwen3, monkeypatch, capsys):
+    """--timeout-keep-alive (default 60 s, not uvicorn's 5: a request sent on a kept-alive connection while a
+    compile stalls the server can otherwise be reset unanswered; openai_server.py) reaches uvicorn's Config; a
+    value <= 0 is refused before the engine starts."""
+    from minivllm.entrypoints import cli, openai_server
+
+    assert cli.parse_serve_args([]).timeout_keep_alive == openai_server.TIMEOUT_KEEP_ALIVE == 60
+    seen = {}
+
+    def run(server):  # uvicorn's serving loop, replaced: what it was configured with is what matters here
+        seen.update(
+            keep_alive=server.config.timeout_keep_alive, port=server.config.port, seed=server.llm.engine.config.seed
+        )
+
+    monkeypatch.setattr(openai_server.Server, "run", run)
+    port = free_port()
+    assert serve_main(["--model", tiny_qwen3, "--port", str(port), "--timeout-keep-alive", "42", "--seed", "3"]) == 0
+    assert seen == {"keep_alive": 42.0, "port": port, "seed": 3}
+    assert serve_main(["--model", tiny_qwen3, "--timeout-keep-alive", "0"]) == 2
+    assert "--timeout-keep-alive must be > 0 seconds, got 0.0" in capsys.readouterr().err
+
+
 def start_server(model: str, port: int, *flags: str) -> subprocess.Popen:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}

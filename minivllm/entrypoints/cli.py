@@ -27,6 +27,14 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="default: CUDA if there is a GPU per TP rank")
     p.add_argument("--seed", type=int, help="the sampler's seed for requests without their own")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument(
+        "--timeout-keep-alive",
+        type=float,
+        default=60.0,  # openai_server.TIMEOUT_KEEP_ALIVE (not imported here: the server loads only when serving)
+        metavar="SECONDS",
+        help="close idle keep-alive connections after this long (default 60; uvicorn's 5 s can lose a request "
+        "when a kernel compiling in the engine stalls the server, see openai_server.py)",
+    )
     return p.parse_args(argv)
 
 
@@ -57,6 +65,8 @@ def port_free(host: str, port: int) -> bool:
 def serve_main(argv: list[str]) -> int:
     args = parse_serve_args(argv)
     fail = lambda message: print(f"minivllm serve: error: {message}", file=sys.stderr) or 2
+    if args.timeout_keep_alive <= 0:
+        return fail(f"--timeout-keep-alive must be > 0 seconds, got {args.timeout_keep_alive}")
     if not port_free(args.host, args.port):  # before the engine takes its seconds to start
         return fail(f"cannot listen on {args.host}:{args.port}: the address is in use or not available")
     from minivllm.entrypoints.openai_server import run_server  # FastAPI and uvicorn: only when serving
@@ -68,7 +78,15 @@ def serve_main(argv: list[str]) -> int:
         args.model = default_model_dir()
     engine_args = {k: getattr(args, k) for k in ENGINE_ARGS if getattr(args, k) is not None}
     try:
-        run_server(args.model, args.host, args.port, name, args.log_level, **engine_args)
+        run_server(
+            args.model,
+            host=args.host,
+            port=args.port,
+            served_model_name=name,
+            log_level=args.log_level,
+            timeout_keep_alive=args.timeout_keep_alive,
+            **engine_args,
+        )
     except (OSError, ValueError, TypeError, RuntimeError) as e:  # a bad checkpoint, a TP worker that died
         return fail(str(e))
     return 0

@@ -28,6 +28,14 @@ from minivllm.entrypoints.responses import ChatCompletions, Completions, error_r
 from minivllm.inputs import is_token_ids, render_chat
 from minivllm.utils.dist import free_port
 
+# How long an idle keep-alive connection stays open (uvicorn's and vLLM's default: 5 s). Longer here: the engine
+# thread shares this process's GIL, and a kernel compiling inside it (a bare machine's first requests) can hold
+# the GIL for seconds. When the event loop resumes after such a stall it may run an expired keep-alive timer
+# before reading the client's next request, already in the socket: the connection is reset and the request is
+# lost without a line in the log (reproduced on CPU by holding the GIL 6-9 s after a response: 3-36 of 160
+# requests; none with 30 s; benchmarks/RESULTS.md, 2026-12-01).
+TIMEOUT_KEEP_ALIVE = 60.0
+
 FIELDS = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields) | {"logprobs", "top_k"}
 
 
@@ -197,13 +205,21 @@ def run_server(
     port: int = 8000,
     served_model_name: str | None = None,
     log_level: str = "info",
+    timeout_keep_alive: float = TIMEOUT_KEEP_ALIVE,
     **engine_args,
 ) -> None:
     """Serve until SIGINT / SIGTERM; then the requests are aborted, the connections closed, the engine and its
     TP workers stopped, and this returns (uvicorn re-raises the signal it caught: it finds a no-op here)."""
     llm = AsyncLLM(model, **engine_args)
     app = build_app(llm, served_model_name or model, owns_engine=True)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=10)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_keep_alive=timeout_keep_alive,
+        timeout_graceful_shutdown=10,
+    )
     previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         Server(config, llm).run()
@@ -220,7 +236,13 @@ class ServerThread:
     def __init__(self, llm: AsyncLLM, served_model_name: str, host: str = "127.0.0.1", port: int | None = None):
         self.port = port or free_port()
         self.url = f"http://{host}:{self.port}"
-        config = uvicorn.Config(build_app(llm, served_model_name), host=host, port=self.port, log_level="warning")
+        config = uvicorn.Config(
+            build_app(llm, served_model_name),
+            host=host,
+            port=self.port,
+            log_level="warning",
+            timeout_keep_alive=TIMEOUT_KEEP_ALIVE,
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="minivllm-server", daemon=True)
 
