@@ -32,8 +32,8 @@ from minivllm.utils.dist import free_port
 # thread shares this process's GIL, and a kernel compiling inside it (a bare machine's first requests) can hold
 # the GIL for seconds. When the event loop resumes after such a stall it may run an expired keep-alive timer
 # before reading the client's next request, already in the socket: the connection is reset and the request is
-# lost without a line in the log (reproduced on CPU by holding the GIL 6-9 s after a response: 3-36 of 160
-# requests; none with 30 s; benchmarks/RESULTS.md, 2026-12-01).
+# lost without a line in the log. `scripts/serve_stall.py` shows it on CPU (a 7 s stall: 40 of 160 requests lost
+# with 5 s, none with 60 s; benchmarks/RESULTS.md, 2026-12-01).
 TIMEOUT_KEEP_ALIVE = 60.0
 
 FIELDS = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields) | {"logprobs", "top_k"}
