@@ -42,7 +42,7 @@ def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, length: int) ->
     """The first `length` tokens of one sequence: (length, num_kv_heads, head_dim)."""
     block_size = cache.shape[1]
     blocks = block_table[: (length + block_size - 1) // block_size].long()
-    return cache.index_select(0, blocks).flatten(0, 1)[:length]  # index_select: whole blocks, no per-row indexing
+    return cache[blocks].flatten(0, 1)[:length]
 
 
 def check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
@@ -171,8 +171,7 @@ def paged_decode_attention(
     pos = torch.arange(width, device=q.device)  # (L,)
     tables = block_tables.clamp(min=0).long()  # -1 padding -> any valid block
     slots = tables[:, pos // block_size] * block_size + pos % block_size  # (B, L) cache slot of key j
-    # index_select copies whole rows of (Hkv, D): on CPU ~4x faster than advanced indexing cache[slots]
-    k = k_cache.flatten(0, 1).index_select(0, slots.flatten()).view(*slots.shape, *k_cache.shape[2:])  # (B, L, Hkv, D)
-    v = v_cache.flatten(0, 1).index_select(0, slots.flatten()).view(*slots.shape, *v_cache.shape[2:])
+    k = k_cache.flatten(0, 1)[slots]  # (B, L, Hkv, D)
+    v = v_cache.flatten(0, 1)[slots]
     mask = pos[None, :] < context_lens[:, None]  # (B, L)
     return _sdpa(q[:, None], k, v, scale, mask=mask[:, None, None, :])[:, 0]  # (B, H, D)
