@@ -43,6 +43,15 @@ def model_dir(name: str | None, cache: str) -> str | None:
     return make_tiny_checkpoint(os.path.join(cache, "qwen3-0.6b-random"), "qwen3", dtype=torch.bfloat16, **QWEN3_0_6B)
 
 
+def vocab_size(model: str | None) -> int:
+    if model is None:  # the embedded default model
+        from minivllm.utils.default_model import default_model_dir
+
+        model = default_model_dir()
+    with open(os.path.join(model, "config.json")) as f:
+        return json.load(f)["vocab_size"]
+
+
 def start_server(model: str | None, port: int, server_args: list[str], log_level: str, log: str | None):
     """`python3 -m minivllm serve` in a subprocess (its output to `log`, else to ours), once /health answers."""
     cmd = [sys.executable, "-m", "minivllm", "serve", "--port", str(port), "--log-level", log_level, *server_args]
@@ -93,7 +102,9 @@ async def timed_request(client: httpx.AsyncClient, url: str, model: str, prompt:
     start = time.perf_counter()
     times, tokens = [], 0
     async with client.stream("POST", url, json=body) as r:
-        r.raise_for_status()
+        if r.status_code != 200:  # the server's error body names the problem: keep it
+            await r.aread()
+            raise httpx.HTTPStatusError(f"{r.status_code}: {r.text[:300]}", request=r.request, response=r)
         async for line in r.aiter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -262,7 +273,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     try:
         served = httpx.get(url + "/v1/models").json()["data"][0]
-        vocab_top = 10000 if model is None or args.model == RANDOM_QWEN3 else 1000
+        vocab_top = min(10000, vocab_size(model) - 1)  # random prompt ids, below the model's vocabulary
         rng = random.Random(0)
         warm = [[rng.randint(1, vocab_top) for _ in range(args.input_len)] for _ in range(4)]
         warmup = asyncio.run(run_level(url + "/v1/completions", served["id"], warm, 8, 4, float("inf")))  # JIT
