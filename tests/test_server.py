@@ -23,7 +23,7 @@ import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.engine.async_llm import AsyncLLM
-from minivllm.entrypoints.cli import serve_main
+from minivllm.entrypoints.cli import port_free, serve_main
 from minivllm.entrypoints.openai_server import ServerThread
 from minivllm.testing.tiny_model import CHAT_TEMPLATE, make_tiny_checkpoint
 from minivllm.utils.dist import free_port
@@ -345,6 +345,22 @@ def test_serve_imports_the_server_only_when_serving_and_refuses_a_busy_port(tiny
     assert "cannot listen on 127.0.0.1:" in capsys.readouterr().err
 
 
+def test_a_port_left_in_time_wait_is_free_to_serve_again():
+    """A server that just stopped leaves its closed connections in TIME_WAIT on its port; `minivllm serve` run again
+    on that port must not be refused (uvicorn binds with SO_REUSEADDR), while a port something listens on is."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert not port_free("127.0.0.1", port)
+        with socket.create_connection(("127.0.0.1", port)):
+            conn, _ = listener.accept()
+            conn.close()  # the server's side closes first: it waits in TIME_WAIT on `port`
+            time.sleep(0.1)
+    assert port_free("127.0.0.1", port)
+
+
 def test_keep_alive_timeout_reaches_uvicorn(tiny_qwen3, monkeypatch, capsys):
     """--timeout-keep-alive (default 60 s, not uvicorn's 5: a request sent on a kept-alive connection while a
     compile stalls the server can otherwise be reset unanswered; openai_server.py) reaches uvicorn's Config; a
@@ -415,5 +431,4 @@ def test_signal_ends_requests_and_leaves_nothing_behind(chat_model, sig, tp):
     while any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in children):
         assert time.time() < deadline, "a TP worker outlived the server"
         time.sleep(0.1)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", port))  # the port is free again
+    assert port_free("127.0.0.1", port)  # nothing listens there any more (closed connections may wait in TIME_WAIT)

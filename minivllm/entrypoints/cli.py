@@ -54,7 +54,10 @@ ENGINE_ARGS = (
 
 
 def port_free(host: str, port: int) -> bool:
+    """Whether uvicorn could listen there: bound as uvicorn binds, with SO_REUSEADDR, so that the connections a
+    server just stopped left in TIME_WAIT do not count (only a socket listening there does)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
