@@ -29,6 +29,7 @@ T_START = time.perf_counter()
 import torch  # noqa: E402
 
 from minivllm.testing.benchmark import phase_times, roofline, save_json, workload  # noqa: E402
+from minivllm.testing.compile_counter import CompileCounter  # noqa: E402
 from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint  # noqa: E402
 
 CACHE_ENV = {  # where each compiler keeps its on-disk cache
@@ -57,35 +58,6 @@ QUESTIONS = [
 
 
 # --- GPU: one process of nano-vllm's procedure --------------------------------------------------------------
-
-
-class CompileCounter:
-    """Counts what compiled inside a timed region: Triton kernels (this process's in-memory misses), torch.compile
-    graphs, and FlashAttention-4 kernel variants."""
-
-    def __init__(self) -> None:
-        self.triton = 0
-        try:
-            from triton.runtime.jit import JITFunction
-
-            original = JITFunction._do_compile
-
-            def counted(fn_self, *args, **kwargs):
-                self.triton += 1
-                return original(fn_self, *args, **kwargs)
-
-            JITFunction._do_compile = counted
-        except (ImportError, AttributeError):
-            self.triton = -1  # this Triton has no such hook: not counted
-
-    def snapshot(self) -> dict:
-        from torch._dynamo.utils import counters
-
-        fa4 = -1
-        if "flash_attn.cute.interface" in sys.modules:
-            cache = getattr(sys.modules["flash_attn.cute.interface"]._flash_attn_fwd, "compile_cache", {})
-            fa4 = len(getattr(cache, "cache", cache))  # FlashAttention-4's JITCache keeps its dict in .cache
-        return dict(triton=self.triton, dynamo_graphs=int(counters["stats"]["unique_graphs"]), fa4=fa4)
 
 
 def one_process(args) -> dict:
@@ -124,7 +96,7 @@ def one_process(args) -> dict:
                 tok_per_s=tokens / seconds,
                 tokens=tokens,
                 phases=phase_times(llm, start),
-                compiled={k: after[k] - before[k] for k in after},
+                compiled=CompileCounter.delta(before, after),
                 steps=steps,
             )
         )

@@ -79,9 +79,81 @@ def test_rmsnorm_shape_errors():
         norm(torch.randn(3, 64), torch.randn(3, 63))
 
 
+# The Triton kernels (what CUDA runs): on a GPU compiled, on CPU through the interpreter, against the torch
+# definitions. The interpreter truncates fp32 -> bf16 where a GPU rounds to nearest: bf16 within two bf16 steps.
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _triton_tolerance(dtype: torch.dtype) -> dict:
+    return {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float16: dict(atol=1e-3, rtol=1e-3)}.get(
+        dtype, dict(atol=2e-2, rtol=2e-2)
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(7, 96), (2, 3, 64), (0, 64)])
+def test_rmsnorm_triton_kernel_matches_torch(dtype, shape):
+    norm, _ = _norms(shape[-1], dtype)
+    norm = norm.to(TRITON_DEVICE)
+    x = (3 * torch.randn(shape) + 1).to(dtype).to(TRITON_DEVICE)
+    residual = torch.randn(shape).to(dtype).to(TRITON_DEVICE)
+    with switches.override(triton_on_cpu=False, compile=False):  # the torch definitions, eager
+        y_ref, (z_ref, r_ref) = norm(x), norm(x, residual)
+    with switches.override(triton_on_cpu=True, compile=None):
+        y, (z, r) = norm(x), norm(x, residual)
+    for got, want in ((y, y_ref), (z, z_ref), (r, r_ref)):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert_close(got, want, **_triton_tolerance(dtype))
+    if dtype != torch.bfloat16 or TRITON_DEVICE == "cuda":  # the sum rounds to the same value
+        assert torch.equal(r, r_ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(5, 2 * 1500), (2, 3, 2 * 40), (0, 8)])
+def test_silu_and_mul_triton_kernel_matches_torch(dtype, shape):
+    act = SiluAndMul()
+    x = (2 * torch.randn(shape)).to(dtype).to(TRITON_DEVICE)
+    with switches.override(triton_on_cpu=False, compile=False):
+        want = act(x)
+    with switches.override(triton_on_cpu=True, compile=None):
+        got = act(x)
+    assert got.shape == (*shape[:-1], shape[-1] // 2) and got.dtype == dtype
+    assert_close(got, want, **_triton_tolerance(dtype))
+
+
+def test_small_ops_route_to_triton_only_where_asked():
+    """CPU runs eager torch unless triton_on_cpu; the compile switch takes the torch.compile path instead."""
+    from minivllm.utils.compile import runs_triton
+
+    x = torch.zeros(2, 4)
+    with switches.override(triton_on_cpu=False, compile=None):
+        assert not runs_triton(x)
+    with switches.override(triton_on_cpu=True, compile=None):
+        assert runs_triton(x)
+    with switches.override(triton_on_cpu=True, compile=True):
+        assert not runs_triton(x)
+    with switches.override(triton_on_cpu=True, compile=False):  # eager torch
+        assert not runs_triton(x)
+    with pytest.raises(ValueError, match="last dim 7 is odd"):
+        SiluAndMul()(torch.zeros(2, 7))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_small_ops_run_triton_on_cuda_without_dynamo():
+    """On CUDA the default path is the Triton kernels: a fresh norm and activation compile nothing in dynamo."""
+    from torch._dynamo.utils import counters
+
+    norm, act = RMSNorm(64).cuda().bfloat16(), SiluAndMul()
+    before = int(counters["stats"]["unique_graphs"])
+    x = torch.randn(3, 64, device="cuda", dtype=torch.bfloat16)
+    norm(x), norm(x, x), act(torch.cat([x, x], dim=-1))
+    assert int(counters["stats"]["unique_graphs"]) == before
+
+
 @pytest.mark.slow
 def test_rmsnorm_compiled_matches_eager():
-    """The torch.compile path (what CUDA runs by default), forced on CPU for one small op."""
+    """The torch.compile path (nano-vllm's; the `compile` switch), forced on CPU for one small op."""
     norm, _ = _norms(16, torch.float32)
     x = torch.randn(4, 16)
     eager = norm(x)

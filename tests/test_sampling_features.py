@@ -179,11 +179,12 @@ def test_logprobs_are_of_the_raw_logits_with_ranks(llm, logits_of):
 # --- seeds ----------------------------------------------------------------------------------------------------
 
 
-def reference_seeded(logits_of, prompt: list[int], n: int, seed: int, temperature: float) -> list[int]:
-    """The race argmax(p / E) with E drawn from a generator seeded with `seed`, one row per step."""
-    gen, out = torch.Generator().manual_seed(seed), []
+def reference_seeded(logits_of, prompt: list[int], n: int, seed: int, temperature: float, device) -> list[int]:
+    """The race argmax(p / E) with E drawn from a generator seeded with `seed`, one row per step. The generator
+    lives on the engine's device: CPU and CUDA generators draw different streams from one seed."""
+    gen, out = torch.Generator(device=device).manual_seed(seed), []
     for _ in range(n):
-        p = torch.softmax(logits_of(prompt + out).float() / temperature, -1)
+        p = torch.softmax(logits_of(prompt + out).float() / temperature, -1).to(device)
         e = torch.empty_like(p).exponential_(1, generator=gen).clamp_min_(1e-10)
         out.append(int((p / e).argmax()))
     return out
@@ -192,7 +193,7 @@ def reference_seeded(logits_of, prompt: list[int], n: int, seed: int, temperatur
 def test_seeded_request_is_reproducible_whatever_the_batch(llm, tiny_qwen3, logits_of):
     sp = SamplingParams(temperature=0.9, seed=11, max_tokens=8, ignore_eos=True)
     alone = llm.generate(P[0], sp, use_tqdm=False)[0].token_ids
-    assert alone == reference_seeded(logits_of, P[0], 8, 11, 0.9)
+    assert alone == reference_seeded(logits_of, P[0], 8, 11, 0.9, llm.model_runner.device)
     others = [SamplingParams(temperature=1.0, max_tokens=8), replace(sp, seed=12), greedy(max_tokens=3)]
     mixed = llm.generate([P[1], P[0], P[0], P[2]], [others[0], sp, others[1], others[2]], use_tqdm=False)
     assert mixed[1].token_ids == alone

@@ -1,6 +1,6 @@
 """Start-up work that only a GPU engine does (minivllm/engine/model_runner.py), run on CPU where it can be:
-the prefill kernel variants warmed up at start-up must work for every engine shape, including a context no
-longer than one block (no prefix can be cached then: only the fresh variant runs)."""
+the prefill over the cache warmed up at start-up must work for every engine shape, including a context no
+longer than one block (no prefix can be cached then)."""
 
 import pytest
 
@@ -10,13 +10,13 @@ from minivllm import LLM, SamplingParams
 @pytest.mark.parametrize(
     "block_size,max_model_len,expected",
     [
-        (16, 256, [(0, 1), (16, 8), (16, 240)]),
-        (256, 256, [(0, 1)]),
-        (16, 20, [(0, 1), (16, 4)]),
-        (16, 2048, [(0, 1), (16, 8), (16, 512)]),
+        (16, 256, [(16, 240)]),
+        (256, 256, [(0, 256)]),
+        (16, 20, [(16, 4)]),
+        (16, 2048, [(16, 512)]),
     ],
 )
-def test_prefill_variant_warmup_fits_the_engine(tiny_qwen3, block_size, max_model_len, expected):
+def test_attention_warmup_fits_the_engine(tiny_qwen3, block_size, max_model_len, expected):
     llm = LLM(
         tiny_qwen3, device="cpu", kvcache_block_size=block_size, max_model_len=max_model_len, num_kvcache_blocks=8
     )
@@ -30,9 +30,137 @@ def test_prefill_variant_warmup_fits_the_engine(tiny_qwen3, block_size, max_mode
         return logits
 
     runner.run_model = recorded
-    runner.warmup_prefill_variants()
+    runner.warmup_attention()
     assert runs == expected
     runner.run_model = run_model  # the engine still answers afterwards
     out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
     assert len(out[0].token_ids) == 2
+    llm.exit()
+
+
+def test_prefill_with_keys_from_the_cache_equals_the_fresh_path(tiny_qwen3):
+    """What FlashAttention-4 engines do (every prefill reads its keys through the page table), run with the
+    torch backend on CPU: the same tokens as the fresh-key path, for short and long prompts, a prefix hit and
+    a prompt split into chunks."""
+    prompts = [[1], [5, 6, 7], list(range(3, 60)), list(range(3, 60)) + [9, 9], [(7 * i) % 500 for i in range(150)]]
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    outputs = {}
+    for from_cache in (False, True):
+        llm = LLM(tiny_qwen3, device="cpu", kvcache_block_size=16, max_num_batched_tokens=64, num_kvcache_blocks=64)
+        llm.model_runner.prefill_keys_from_cache = from_cache
+        outputs[from_cache] = [o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+        outputs[from_cache] += [o.token_ids for o in llm.generate(prompts[3:4], greedy, use_tqdm=False)]  # a hit
+        llm.exit()
+    assert outputs[True] == outputs[False]
+
+
+# --- on a GPU: nothing compiles after the engine has started ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpu_bf16_qwen3(tmp_path_factory) -> str:
+    import torch
+
+    from minivllm.testing.tiny_model import make_tiny_checkpoint
+
+    # head_dim 64 and bf16: what FlashAttention-4 runs (the CPU fixtures use head_dim 16, fp32)
+    path = str(tmp_path_factory.mktemp("gpu_bf16_qwen3"))
+    return make_tiny_checkpoint(path, "qwen3", dtype=torch.bfloat16, hidden_size=128, head_dim=64)
+
+
+@pytest.mark.gpu
+def test_gpu_nothing_compiles_after_start(gpu_bf16_qwen3):
+    """After LLM(...) returns, requests of any shape compile nothing: no FlashAttention-4 variant (one serves
+    every prefill), no torch.compile graph (the small ops are Triton kernels), no Triton kernel (start-up ran
+    each one). Prompts of 1 to 300 tokens, one and many at a time, a prefix hit, chunked prompts, greedy and
+    sampled: what a user's first requests look like."""
+    from minivllm.testing.compile_counter import CompileCounter
+
+    counter = CompileCounter()
+    llm = LLM(gpu_bf16_qwen3, max_model_len=1024, max_num_batched_tokens=256, num_kvcache_blocks=64, dtype="bfloat16")
+    before = counter.snapshot()
+    lengths = [1, 2, 15, 16, 17, 64, 65, 129, 300]
+    prompts = [[(13 * i + 7 * n) % 500 for i in range(n)] for n in lengths]
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    hot = SamplingParams(temperature=0.7, max_tokens=20, ignore_eos=True)
+    for p in prompts:  # one at a time
+        llm.generate([p], greedy, use_tqdm=False)
+    llm.generate(prompts, hot, use_tqdm=False)  # together, and hits on every prefix above
+    llm.generate([prompts[-1] + [3] * 40, [4] * 700], greedy, use_tqdm=False)  # a hit plus a new chunked prompt
+    delta = CompileCounter.delta(before, counter.snapshot())
+    assert delta == dict(triton=0, dynamo_graphs=0, fa4=0), (
+        f"compiled after start-up: {delta}; Triton kernels {counter.triton_kernels[-delta['triton'] :]}"
+    )
+    llm.exit()
+
+
+@pytest.mark.gpu
+def test_gpu_fa4_prefill_over_the_cache_equals_its_fresh_path(gpu_bf16_qwen3):
+    """FlashAttention-4 engines read every prefill's keys through the page table: greedy tokens equal those of
+    its fresh-key kernel (the path before), for short and long prompts, a prefix hit and chunks."""
+    from minivllm.layers.attention_backend import available
+
+    if "fa4" not in available("cuda"):
+        pytest.skip("FlashAttention-4 is not available on this GPU")
+    prompts = [[1], [5, 6, 7], list(range(3, 90)), list(range(3, 90)) + [9, 9], [(7 * i) % 500 for i in range(300)]]
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outputs = {}
+    for from_cache in (False, True):
+        llm = LLM(gpu_bf16_qwen3, max_num_batched_tokens=256, num_kvcache_blocks=64, dtype="bfloat16")
+        assert llm.model_runner.backend == "fa4" and llm.model_runner.prefill_keys_from_cache
+        llm.model_runner.prefill_keys_from_cache = from_cache
+        outputs[from_cache] = [o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+        outputs[from_cache] += [o.token_ids for o in llm.generate(prompts[3:4], greedy, use_tqdm=False)]
+        llm.exit()
+    assert outputs[True] == outputs[False]
+
+
+def test_warmup_prefill_stores_into_a_stand_in_cache_and_restores_the_layers(tiny_qwen3):
+    """The GPU warm-up (engine/warmup.py), run on CPU through the Triton kernels: its prefill hands the layers
+    a one-block stand-in cache with every slot -1 (so the kernels compile their storing variant) and the
+    torch attention when the backend reads keys from the cache; afterwards every layer has its own cache and
+    backend back, the real cache is untouched, and the engine answers as before."""
+    from minivllm.engine import warmup
+    from minivllm.layers import attention_prologue
+    from minivllm.utils import switches
+
+    llm = LLM(
+        tiny_qwen3,
+        device="cpu",
+        kvcache_block_size=16,
+        max_model_len=64,
+        max_num_batched_tokens=64,
+        max_num_seqs=4,
+        num_kvcache_blocks=8,
+    )
+    runner = llm.model_runner
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    before = [o.token_ids for o in llm.generate([[1, 2, 3], [4, 5]], greedy, use_tqdm=False)]
+    layers = runner.attn_layers
+    saved = [(m.backend, m.k_cache, m.v_cache) for m in layers]
+    runner.kv_cache.fill_(1.0)
+    seen, prologue = [], attention_prologue.attention_prologue
+
+    def recorded(qkv, positions, cos_sin_cache, **kwargs):
+        seen.append((tuple(kwargs["k_cache"].shape), kwargs["slot_mapping"].tolist(), layers[0].backend))
+        return prologue(qkv, positions, cos_sin_cache, **kwargs)
+
+    runner.prefill_keys_from_cache = True  # as with FlashAttention-4
+    attention_prologue.attention_prologue = recorded
+    try:
+        with switches.override(triton_on_cpu=True):
+            warmup.warmup_model(runner)
+    finally:
+        attention_prologue.attention_prologue = prologue
+        runner.prefill_keys_from_cache = False
+    assert len(seen) == len(layers)
+    shape, slots, backend = seen[0]
+    assert shape == (1, 16, *saved[0][1].shape[2:])  # one block
+    assert set(slots) == {-1} and len(slots) == 64  # max_model_len tokens, none stored
+    assert backend == "torch"
+    assert [(m.backend, m.k_cache, m.v_cache) for m in layers] == saved
+    assert bool((runner.kv_cache == 1.0).all())  # the real cache was not written
+    runner.kv_cache.zero_()
+    llm.reset_prefix_cache()
+    assert [o.token_ids for o in llm.generate([[1, 2, 3], [4, 5]], greedy, use_tqdm=False)] == before
     llm.exit()

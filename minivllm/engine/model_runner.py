@@ -63,6 +63,7 @@ class ModelRunner:
         workers: Workers | None = None,
         reporter: Reporter | None = None,
     ) -> None:
+        start = time.perf_counter()
         self.config = config
         self.eos: list[int] = []  # end-of-sequence ids, masked until a request's min_tokens (the engine sets them)
         self.vocab_size = config.hf_config.vocab_size
@@ -79,6 +80,10 @@ class ModelRunner:
             torch.cuda.set_device(self.device)
         self.dtype = config.torch_dtype()
         self.backend = attention_backend.select(self.device, self.dtype, config.attention_backend)
+        # FlashAttention-4 compiles one kernel per variant it meets (~3-4 s each): keys fresh or read through the
+        # page table is one of its distinctions, so with it every prefill reads its keys from the cache (the
+        # layer has just written them there) and one variant serves them all (benchmarks/NOTES.md, change 16)
+        self.prefill_keys_from_cache = self.backend == "fa4"
         self.sampler = Sampler(config.seed, self.device)
         self.max_num_blocks = -(-config.max_model_len // self.block_size)
         self.enforce_eager = config.enforce_eager or self.device.type != "cuda"
@@ -89,7 +94,9 @@ class ModelRunner:
         self.buffers = InputBuffers(max_tokens=max_tokens, layout=layout, device=self.device)
         self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
         self.graphs: DecodeGraphs | None = None
-        self.startup_seconds: dict[str, float] = {}  # where the engine's start went, phase by phase
+        # where the engine's start went, phase by phase; "setup": the GPU's context, the attention backend's
+        # import (FlashAttention-4's takes seconds), the sampler and the input buffers
+        self.startup_seconds: dict[str, float] = {"setup": time.perf_counter() - start}
         with engine_group(self.group):  # the layers shard themselves over this engine's group
             self.timed("load", self.load_model)
             self.checkpoint("loaded the model")
@@ -98,7 +105,7 @@ class ModelRunner:
             self.timed("kv_cache", self.allocate_kv_cache)
             self.checkpoint("allocated the KV cache")
             if self.device.type == "cuda":
-                self.timed("warmup_variants", self.warmup_prefill_variants)
+                self.timed("warmup_attention", self.warmup_attention)
             if not self.enforce_eager:
                 self.timed("capture", self.capture_cudagraph)
             self.checkpoint("captured the CUDA graphs")
@@ -132,7 +139,7 @@ class ModelRunner:
     # --- a step's inputs ------------------------------------------------------------------------------
 
     def prepare_prefill(self, seqs: list[Sequence]) -> StepInput:
-        return step_inputs.prepare_prefill(seqs, self.block_size)
+        return step_inputs.prepare_prefill(seqs, self.block_size, keys_from_cache=self.prefill_keys_from_cache)
 
     def prepare_decode(self, seqs: list[Sequence]) -> StepInput:
         graphs = not self.enforce_eager
@@ -228,8 +235,8 @@ class ModelRunner:
     def warmup_model(self) -> None:
         warmup.warmup_model(self)  # the largest prefill and sampler (engine/warmup.py)
 
-    def warmup_prefill_variants(self) -> None:
-        warmup.warmup_prefill_variants(self)
+    def warmup_attention(self) -> None:
+        warmup.warmup_attention(self)  # a prefill over the cache, once the cache is there
 
     def allocate_kv_cache(self) -> None:
         block_bytes = kv_block_bytes(self.config, self.dtype)

@@ -63,13 +63,16 @@ def pending_sources(input_ids: np.ndarray, rows: np.ndarray) -> np.ndarray | Non
     return np.where(pending, rows, -1).astype(np.int32)
 
 
-def prepare_prefill(seqs: list[Sequence], block_size: int) -> StepInput:
+def prepare_prefill(seqs: list[Sequence], block_size: int, *, keys_from_cache: bool = False) -> StepInput:
+    """A prefill step. Attention reads the keys through block tables when some come from the cache (a prefix
+    hit, a later chunk), or always with `keys_from_cache` (FlashAttention-4: one kernel variant for every
+    prefill, model_runner.py); otherwise it takes the step's fresh K/V and the tables are None."""
     starts = np.array([s.num_computed_tokens for s in seqs])
     ends = starts + np.array([s.num_scheduled_tokens for s in seqs])
     input_ids = np.concatenate([s.token_ids[a:b] for s, a, b in zip(seqs, starts, ends)]).astype(np.int32)
     positions = np.concatenate([np.arange(a, b) for a, b in zip(starts, ends)]).astype(np.int32)
     slots = [token_slots(s.block_table, a, b, block_size) for s, a, b in zip(seqs, starts, ends)]
-    cached = bool((starts > 0).any())  # some keys come from the cache: attention reads them by block table
+    cached = keys_from_cache or bool((starts > 0).any())  # attention reads the keys by block table
     rows = np.repeat([s.sample_row for s in seqs], ends - starts)
     return StepInput(
         is_prefill=True,
@@ -121,6 +124,14 @@ def prepare_decode(
 # --- getting them to the device -----------------------------------------------------------------------
 
 
+ALIGN = 4  # int32s: every array starts 16 bytes aligned, the alignment Triton specialises pointer arguments on
+# (a kernel handed a view at an odd offset would compile a second variant inside some later request)
+
+
+def aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
 @dataclass(frozen=True, slots=True)
 class DecodeLayout:
     """Where each decode input lives in the persistent int32 device buffer, so that a captured graph reads
@@ -137,12 +148,12 @@ class DecodeLayout:
     def offsets(self) -> dict[str, int]:
         offsets, end = {}, 0
         for name, width in self.widths().items():
-            offsets[name], end = end, end + width
+            offsets[name], end = end, aligned(end + width)
         return offsets
 
     @property
     def size(self) -> int:
-        return sum(self.widths().values())
+        return aligned(sum(aligned(w) for w in self.widths().values()))
 
     def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
         """Named views of `buffer`; block_tables is (S, M)."""
@@ -157,7 +168,8 @@ class InputBuffers:
 
     def __init__(self, *, max_tokens: int, layout: DecodeLayout, device: torch.device) -> None:
         S, pin = layout.max_seqs, device.type == "cuda"
-        ints = max(layout.size, 5 * max_tokens + 2 * (S + 1) + S * layout.max_blocks)  # a prefill's arrays
+        # a prefill's arrays, each starting aligned (up to ALIGN - 1 padding after each of 8)
+        ints = max(layout.size, 5 * max_tokens + 2 * (S + 1) + S * layout.max_blocks + 8 * ALIGN)
         self.layout = layout
         self.host_ints = [torch.zeros(ints, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
         self.host_floats = [torch.zeros(2 * S, dtype=torch.float32, pin_memory=pin) for _ in range(2)]
@@ -169,13 +181,13 @@ class InputBuffers:
         self.parity = 0
 
     def upload(self, arrays: list[np.ndarray], offsets: list[int] | None = None) -> list[torch.Tensor]:
-        """Copy host arrays to the device in one transfer. Packed back to back, or at `offsets` (decode graphs
-        read fixed places). Returns the device views, shaped like the arrays."""
+        """Copy host arrays to the device in one transfer. Packed back to back (each start aligned), or at
+        `offsets` (decode graphs read fixed places). Returns the device views, shaped like the arrays."""
         host = self.host_ints[self.parity]
         staged = host.numpy()
         starts, end = [], 0
         for i, a in enumerate(arrays):
-            start = offsets[i] if offsets else end
+            start = offsets[i] if offsets else aligned(end)
             staged[start : start + a.size] = a.ravel()
             starts.append(start)
             end = start + a.size

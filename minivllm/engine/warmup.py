@@ -1,11 +1,14 @@
-"""Start-up work of a GPU engine (the model runner calls it before it sizes the KV cache and captures graphs):
-compile every kernel the first requests would otherwise compile, and learn the largest prefill's peak memory.
-On CPU nothing compiles and the KV cache has a byte budget, so none of it runs there."""
+"""Start-up work of a GPU engine (the model runner calls it around sizing the KV cache): compile every kernel
+the first requests would otherwise compile, and learn the largest prefill's peak memory. On CPU nothing
+compiles and the KV cache has a byte budget, so none of it runs there."""
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
+from minivllm.engine import step_inputs
+from minivllm.engine.kv_cache import kv_cache_shape
 from minivllm.engine.sequence import Sequence
 
 if TYPE_CHECKING:
@@ -17,34 +20,53 @@ def warmup_model(runner: "ModelRunner") -> None:
     """Run the largest prefill (and the sampler on the largest batch) once, so that kernels are compiled
     and the peak activation memory is known before the KV cache takes the rest (GPU only)."""
     c = runner.config
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    cuda = runner.device.type == "cuda"  # (the engine runs this on GPUs only; tests run it on CPU too)
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     seq_len = min(c.max_model_len, c.max_num_batched_tokens)
     num_seqs = max(1, min(c.max_num_batched_tokens // seq_len, c.max_num_seqs))
     seqs = [Sequence([0] * seq_len) for _ in range(num_seqs)]
     for s in seqs:
         s.num_scheduled_tokens = seq_len
         s.block_table = list(range(runner.max_num_blocks))
-    runner.run_model(runner.prepare_prefill(seqs))
+    inp = step_inputs.prepare_prefill(seqs, runner.block_size)  # fresh keys: there is no cache yet
+    # The layers get a one-block stand-in cache that nothing is written to (every slot -1): their kernels
+    # compile the variant that stores into a cache, the one every later step runs (Triton specialises on it).
+    # A backend that reads every prefill's keys from the cache (FlashAttention-4, model_runner.py) lends
+    # the warm-up torch's attention (its memory, the output, is the same); warmup_attention compiles its
+    # kernel once the real cache exists.
+    inp.slot_mapping = np.full_like(inp.slot_mapping, -1)
+    stand_in = torch.zeros(kv_cache_shape(c, 1), dtype=runner.dtype, device=runner.device)
+    saved = [(m.backend, m.k_cache, m.v_cache) for m in runner.attn_layers]
+    for i, m in enumerate(runner.attn_layers):
+        m.k_cache, m.v_cache = stand_in[0, i], stand_in[1, i]
+        m.backend = "torch" if runner.prefill_keys_from_cache else m.backend
+    try:
+        runner.run_model(inp)
+    finally:
+        for m, (backend, k_cache, v_cache) in zip(runner.attn_layers, saved):
+            m.backend, m.k_cache, m.v_cache = backend, k_cache, v_cache
+        del stand_in
     if runner.rank == 0:
         logits = torch.zeros(c.max_num_seqs, c.hf_config.vocab_size, device=runner.device, dtype=runner.dtype)
         t = torch.ones(c.max_num_seqs, device=runner.device)
         runner.sampler(logits, t, torch.ones_like(t, dtype=torch.int32), t)
-    torch.cuda.synchronize()
+    if cuda:
+        torch.cuda.synchronize()
 
 
 @torch.inference_mode()
-def warmup_prefill_variants(runner: "ModelRunner") -> None:
-    """Prefill kernels come in variants that FlashAttention-4 compiles on first use (2-3 s each): keys
-    fresh or partly from the cache (a prefix hit, a later chunk), and queries that fit in one tile or
-    not. warmup_model ran the fresh long one; run the other three now, not inside the first requests
-    (benchmarks/NOTES.md). Writes a few slots of the still unused cache."""
+def warmup_attention(runner: "ModelRunner") -> None:
+    """One prefill whose keys come partly from the cache (one block "cached", up to 512 new tokens), once the
+    cache exists. FlashAttention-4 compiles each kernel variant on first use (~3-4 s); with it every prefill
+    is this one variant (model_runner.py), compiled here and not inside the first request. Writes a few
+    slots of the still unused cache."""
     c = runner.config
-    cached = runner.block_size  # one block of keys "from the cache"
-    room = min(c.max_num_batched_tokens, c.max_model_len - cached)  # positions must stay in the model's range
-    for num_cached, num_new in [(0, 1)] + [(cached, n) for n in (8, min(512, room)) if 1 <= n <= room]:
-        seq = Sequence([0] * (num_cached + num_new))
-        blocks = -(-(num_cached + num_new) // runner.block_size)
-        seq.block_table = [b % runner.config.num_kvcache_blocks for b in range(blocks)]
-        seq.num_computed_tokens, seq.num_scheduled_tokens = num_cached, num_new
-        runner.run_model(runner.prepare_prefill([seq]))
+    cached = runner.block_size if c.max_model_len > runner.block_size else 0  # a cached prefix needs room after it
+    new = min(512, c.max_num_batched_tokens, c.max_model_len - cached)
+    seq = Sequence([0] * (cached + new))
+    blocks = -(-(cached + new) // runner.block_size)
+    seq.block_table = [b % c.num_kvcache_blocks for b in range(blocks)]
+    seq.num_computed_tokens, seq.num_scheduled_tokens = cached, new
+    runner.run_model(runner.prepare_prefill([seq]))

@@ -24,6 +24,11 @@ from minivllm.utils.switches import SWITCHES
 
 BACKENDS = ("flash_attn", "fa4", "torch")
 
+# FlashAttention-4 compiles a separate kernel when every sequence's queries fit in one tile of rows (up to 256
+# on any GPU it supports, GQA heads packed in): its `max_seqlen_q` is an upper bound used for the grid, so
+# prefill passes at least this many and short prefills run the same kernel as long ones (model_runner.py).
+FA4_MIN_SEQLEN_Q = 257
+
 
 @lru_cache(None)
 def _fa2():
@@ -136,7 +141,7 @@ def prefill_paged(
             k_cache,
             v_cache,
             cu_seqlens_q=cu_seqlens_q,
-            max_seqlen_q=max_seqlen_q,
+            max_seqlen_q=max(max_seqlen_q, FA4_MIN_SEQLEN_Q),  # a bound: more is only a hint, see below
             seqused_k=context_lens,
             page_table=block_tables,
             softmax_scale=scale,

@@ -1,15 +1,28 @@
-"""torch.compile on the small elementwise ops (RMSNorm, RoPE, SiluAndMul), as nano-vllm's @torch.compile.
+"""How the small elementwise ops (RMSNorm, add+RMSNorm, SiluAndMul, RoPE) run on each device.
 
-`compiled` decides at call time: compile when the input lives on CUDA (where fusion pays), run eagerly on
-CPU (where inductor's C++ build costs more than it saves in a short run). The `compile` switch
-(`utils/switches.py`, MINIVLLM_COMPILE=1/0) forces either way. The torch.compile wrapper is made on the
-first call that compiles: making it imports dynamo and inductor (~2 s), which a CPU run never needs."""
+- CUDA: our Triton kernels for the norms and SiLU-mul (`runs_triton`), one program per row, compiled once for
+  any token count and cached on disk by Triton. nano-vllm uses @torch.compile here; its kernels are no faster
+  on the H200, and every process pays dynamo's import and tracing at start (~2-3 s with a warm cache, ~2 s of
+  inductor per function without): benchmarks/NOTES.md, part II. The `compile` switch (`utils/switches.py`,
+  MINIVLLM_COMPILE=1) brings torch.compile back, everywhere, CPU included; MINIVLLM_COMPILE=0 runs eager torch.
+- CPU: eager torch (inductor's C++ build would cost more than it saves in a short run); the `triton_on_cpu`
+  switch runs the Triton kernels through the interpreter instead.
+
+`compiled` decorates the torch functions: torch.compile when `compile_enabled(x)` (the switch on, or RoPE's
+unfused path on CUDA). The torch.compile wrapper is made on the first call that compiles: making it imports
+dynamo and inductor (~2 s), which a run that never compiles does not pay."""
 
 import functools
 
 import torch
 
 from minivllm.utils.switches import SWITCHES
+
+
+def runs_triton(x: torch.Tensor) -> bool:
+    """The norms and SiLU-mul run our Triton kernels: on CUDA (or CPU with `triton_on_cpu`), unless the
+    `compile` switch is set (True: torch.compile, False: eager torch)."""
+    return SWITCHES.compile is None and (x.is_cuda or SWITCHES.triton_on_cpu)
 
 
 def compile_enabled(x: torch.Tensor) -> bool:

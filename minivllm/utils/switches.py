@@ -19,7 +19,9 @@ class Switches:
     decode_kernel: str = "triton"  # decode attention with a flash backend: "triton" (ours) or "flash" (its own)
     pdl: bool = True  # programmatic dependent launch between our Triton kernels (Hopper and later)
     fused_prologue: bool = True  # QK-norm + RoPE + KV-cache write in one Triton kernel (GPU)
-    compile: bool | None = None  # torch.compile the small ops: None = on CUDA tensors only
+    compile: bool | None = (
+        None  # small ops: None = Triton on CUDA (utils/compile.py); True: torch.compile; False: eager
+    )
     triton_on_cpu: bool = False  # CPU: run the GPU path's Triton kernels (store, prologue, sampler) interpreted
 
     def check(self) -> None:

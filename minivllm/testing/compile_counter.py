@@ -1,0 +1,37 @@
+"""Counts what compiles in a stretch of a process's life (bench.py's timed runs, the GPU start-up tests): Triton
+kernels (this process's in-memory cache misses), torch.compile graphs, and FlashAttention-4 kernel variants."""
+
+import sys
+
+
+class CompileCounter:
+    def __init__(self) -> None:
+        self.triton = 0
+        self.triton_kernels: list[str] = []  # the name of each Triton kernel compiled, in order
+        try:
+            from triton.runtime.jit import JITFunction
+
+            original = JITFunction._do_compile
+
+            def counted(fn_self, *args, **kwargs):
+                self.triton += 1
+                self.triton_kernels.append(getattr(fn_self, "__name__", "?"))
+                return original(fn_self, *args, **kwargs)
+
+            JITFunction._do_compile = counted
+        except (ImportError, AttributeError):
+            self.triton = -1  # this Triton has no such hook: not counted
+
+    def snapshot(self) -> dict:
+        """{triton, dynamo_graphs, fa4}: counts so far (-1 where not countable, 0 graphs if dynamo never ran)."""
+        dynamo = sys.modules.get("torch._dynamo.utils")
+        graphs = int(dynamo.counters["stats"]["unique_graphs"]) if dynamo is not None else 0
+        fa4 = -1
+        if "flash_attn.cute.interface" in sys.modules:
+            cache = getattr(sys.modules["flash_attn.cute.interface"]._flash_attn_fwd, "compile_cache", {})
+            fa4 = len(getattr(cache, "cache", cache))  # FlashAttention-4's JITCache keeps its dict in .cache
+        return dict(triton=self.triton, dynamo_graphs=graphs, fa4=fa4)
+
+    @staticmethod
+    def delta(before: dict, after: dict) -> dict:
+        return {k: after[k] - before[k] for k in after}
