@@ -21,7 +21,7 @@ from minivllm.engine.sampling_inputs import SamplingInputs, prepare_sampling, sa
 from minivllm.engine.sequence import Sequence
 from minivllm.engine.step_inputs import DecodeLayout, InputBuffers, StepInput
 from minivllm.engine.tp_workers import Reporter, Workers
-from minivllm.layers import attention_backend
+from minivllm.layers import attention_backend, cpu_linear
 from minivllm.layers.attention import Attention
 from minivllm.layers.logprobs import LogprobsTensors
 from minivllm.layers.sampler import Sampler
@@ -29,6 +29,7 @@ from minivllm.models.qwen3 import Qwen3ForCausalLM
 from minivllm.utils.context import reset_context, set_context
 from minivllm.utils.dist import destroy_engine_group, engine_group, new_engine_group
 from minivllm.utils.loader import load_model
+from minivllm.utils.switches import SWITCHES
 
 
 class StepHandle:
@@ -125,6 +126,8 @@ class ModelRunner:
             self.model = Qwen3ForCausalLM(self.config.hf_config)
         torch.set_default_dtype(default_dtype)
         load_model(self.model, self.config.model)
+        if self.device.type == "cpu" and SWITCHES.cpu_packed_linear:
+            cpu_linear.pack_linears(self.model)  # the weights in oneDNN's layout, once (layers/cpu_linear.py)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         for m in self.attn_layers:
             m.backend = self.backend

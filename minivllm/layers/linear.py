@@ -4,9 +4,9 @@ Each parameter carries a `weight_loader(param, loaded_weight[, shard_id])` that 
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
+from minivllm.layers import cpu_linear
 from minivllm.utils.dist import divide, tp_rank, tp_size
 
 
@@ -39,13 +39,18 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+        self.packed_weight: torch.Tensor | None = None  # CPU: the weight in oneDNN's layout (cpu_linear.py)
+
+    def pack_cpu_weight(self) -> bool:
+        self.packed_weight = cpu_linear.pack(self.weight)
+        return self.packed_weight is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.weight.shape[1]:
             raise ValueError(
                 f"{type(self).__name__}: input last dim {x.shape[-1]} != in_features {self.weight.shape[1]}"
             )
-        return F.linear(x, self.weight, self.bias)
+        return cpu_linear.linear(x, self.weight, self.bias, self.packed_weight)
 
 
 class ReplicatedLinear(LinearBase):
@@ -132,7 +137,8 @@ class RowParallelLinear(LinearBase):
             raise ValueError(
                 f"RowParallelLinear: input last dim {x.shape[-1]} != in_features shard {self.weight.shape[1]}"
             )
-        y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)  # bias once, on rank 0
+        bias = self.bias if self.tp_rank == 0 else None  # bias once, on rank 0
+        y = cpu_linear.linear(x, self.weight, bias, self.packed_weight)
         if self.tp_size > 1:
             dist.all_reduce(y)
         return y

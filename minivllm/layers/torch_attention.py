@@ -171,7 +171,8 @@ def paged_decode_attention(
     pos = torch.arange(width, device=q.device)  # (L,)
     tables = block_tables.clamp(min=0).long()  # -1 padding -> any valid block
     slots = tables[:, pos // block_size] * block_size + pos % block_size  # (B, L) cache slot of key j
-    k = k_cache.flatten(0, 1)[slots]  # (B, L, Hkv, D)
-    v = v_cache.flatten(0, 1)[slots]
+    # index_select copies whole rows (Hkv * D values each); advanced indexing `cache[slots]` went value by value
+    k = k_cache.flatten(0, 1).index_select(0, slots.flatten()).view(*slots.shape, *k_cache.shape[2:])  # (B, L, Hkv, D)
+    v = v_cache.flatten(0, 1).index_select(0, slots.flatten()).view(*slots.shape, *v_cache.shape[2:])
     mask = pos[None, :] < context_lens[:, None]  # (B, L)
     return _sdpa(q[:, None], k, v, scale, mask=mask[:, None, None, :])[:, 0]  # (B, H, D)

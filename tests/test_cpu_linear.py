@@ -1,0 +1,87 @@
+"""Linear layers on CPU through oneDNN with packed weights (minivllm/layers/cpu_linear.py): the same numbers as
+F.linear (up to the order of fp32 sums), for every layer of the Linear family and the LM head, with and without
+bias, any number of rows; an engine on CPU packs its layers, and the switch turns it off."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import assert_close
+from minivllm import LLM, SamplingParams
+from minivllm.layers import cpu_linear
+from minivllm.layers.embed_head import ParallelLMHead
+from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, ReplicatedLinear, RowParallelLinear
+from minivllm.utils import switches
+from minivllm.utils.context import reset_context
+
+pytestmark = pytest.mark.skipif(not cpu_linear.packable(torch.zeros(2, 2)), reason="no oneDNN in this torch build")
+
+
+def _layers(dtype):
+    torch.manual_seed(0)
+    layers = {
+        "replicated+bias": ReplicatedLinear(48, 40, bias=True),
+        "qkv+bias": QKVParallelLinear(48, 16, 4, 2, bias=True),
+        "merged": MergedColumnParallelLinear(48, [64, 64]),
+        "row+bias": RowParallelLinear(48, 24, bias=True),
+    }
+    for m in layers.values():
+        for p in m.parameters():
+            p.data.normal_()
+    return {k: m.to(dtype) for k, m in layers.items()}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 16, 300])
+def test_packed_layers_equal_f_linear(dtype, rows):
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=5e-2, rtol=2e-2)
+    for name, m in _layers(dtype).items():
+        x = torch.randn(rows, 48).to(dtype)
+        want = F.linear(x, m.weight, m.bias)
+        assert m.pack_cpu_weight(), name
+        got = m(x)
+        assert got.shape == want.shape and got.dtype == dtype, name
+        assert_close(got, want, **tol)
+        with switches.override(cpu_packed_linear=False):  # the switch: F.linear itself
+            assert torch.equal(m(x), want), name
+
+
+def test_packed_lm_head_equals_f_linear():
+    torch.manual_seed(0)
+    head = ParallelLMHead(500, 32)
+    head.weight.data.normal_()
+    reset_context()  # decode: every row is a last token
+    x = torch.randn(5, 32)
+    want = F.linear(x, head.weight)
+    assert head.pack_cpu_weight()
+    assert_close(head(x), want, atol=1e-4, rtol=1e-4)
+
+
+def test_unpackable_weights_fall_back_to_f_linear():
+    m = ReplicatedLinear(8, 4).to(torch.float16)  # oneDNN's CPU matmul: fp32 and bf16 here
+    assert not m.pack_cpu_weight() and m.packed_weight is None
+    x = torch.randn(2, 8).to(torch.float16)
+    assert torch.equal(m(x), F.linear(x, m.weight))
+
+
+def test_engine_on_cpu_packs_its_layers_and_answers_the_same_without(tiny_qwen3):
+    llm = LLM(tiny_qwen3, device="cpu", num_kvcache_blocks=16, kvcache_block_size=16, max_model_len=128)
+    model = llm.model_runner.model
+    packed = [m for m in model.modules() if getattr(m, "packed_weight", None) is not None]
+    assert len(packed) == 2 * 4 + 1  # 2 layers x (qkv, o, gate_up, down) + the LM head
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    prompts = [[1, 2, 3], list(range(5, 40))]
+
+    def generate() -> tuple[list[list[int]], int]:
+        """The tokens, and how many matmuls went through the packed weights (oneDNN's op, seen by the profiler)."""
+        llm.reset_prefix_cache()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            tokens = [o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+        return tokens, sum(e.name == "mkldnn::_linear_pointwise" for e in prof.events())
+
+    with_packing, packed_calls = generate()
+    with switches.override(cpu_packed_linear=False):
+        without, calls_without = generate()
+    assert packed_calls >= 8 * 9 and calls_without == 0  # every matmul of every step, or none
+    assert with_packing == without
+    llm.exit()
