@@ -13,7 +13,7 @@ from minivllm.layers import attention_backend, attention_prologue
 from minivllm.layers.store_kvcache import store_kvcache
 from minivllm.layers.torch_attention import store_kvcache_torch
 from minivllm.utils.context import Context, get_context
-from minivllm.utils.switches import SWITCHES
+from minivllm.utils.switches import triton_runs_on
 
 
 class Attention(nn.Module):
@@ -32,7 +32,7 @@ class Attention(nn.Module):
         # q: (N, num_heads, head_dim), k/v: (N, num_kv_heads, head_dim) -> (N, num_heads, head_dim)
         context = get_context()
         if self.k_cache.numel() and self.v_cache.numel():  # Triton on GPU; index assignment on CPU
-            store = store_kvcache if self.k_cache.is_cuda or SWITCHES.triton_on_cpu else store_kvcache_torch
+            store = store_kvcache if triton_runs_on(self.k_cache) else store_kvcache_torch
             store(k, v, self.k_cache, self.v_cache, context.slot_mapping)
         return self.attend(q, k, v, context)
 

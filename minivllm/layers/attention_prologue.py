@@ -14,13 +14,13 @@ import triton
 import triton.language as tl
 
 from minivllm.utils import pdl
-from minivllm.utils.switches import SWITCHES
+from minivllm.utils.switches import SWITCHES, triton_runs_on
 
 
 def enabled(x: torch.Tensor) -> bool:
     """The fused kernel runs on CUDA tensors unless the `fused_prologue` switch is off (utils/switches.py); on
     CPU only when the `triton_on_cpu` switch asks for the GPU path through the Triton interpreter."""
-    return SWITCHES.fused_prologue and (x.is_cuda or SWITCHES.triton_on_cpu)
+    return SWITCHES.fused_prologue and triton_runs_on(x)
 
 
 @triton.jit

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from minivllm.utils.switches import SWITCHES
+from minivllm.utils.switches import triton_runs_on
 
 
 def check_sampling_tensors(
@@ -195,7 +195,7 @@ class Sampler(nn.Module):
             # temperature first, then the filters (vLLM's and HF's order: the nucleus of softmax(logits / T))
             logits = filter_top_k_top_p(logits / t[:, None], top_ks, top_ps, min_ps)
             temperatures = (temperatures > 0).to(logits.dtype)  # already scaled; 0 stays greedy
-        if logits.is_cuda or SWITCHES.triton_on_cpu:  # the kernel reads any float dtype as is
+        if triton_runs_on(logits):  # the kernel reads any float dtype as is
             tokens = self.race_kernel(logits, temperatures)
         else:
             tokens = exponential_race(logits.float(), temperatures, self.generator)

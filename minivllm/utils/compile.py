@@ -16,13 +16,13 @@ import functools
 
 import torch
 
-from minivllm.utils.switches import SWITCHES
+from minivllm.utils.switches import SWITCHES, triton_runs_on
 
 
 def runs_triton(x: torch.Tensor) -> bool:
     """The norms and SiLU-mul run our Triton kernels: on CUDA (or CPU with `triton_on_cpu`), unless the
     `compile` switch is set (True: torch.compile, False: eager torch)."""
-    return SWITCHES.compile is None and (x.is_cuda or SWITCHES.triton_on_cpu)
+    return SWITCHES.compile is None and triton_runs_on(x)
 
 
 def compile_enabled(x: torch.Tensor) -> bool:

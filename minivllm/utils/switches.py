@@ -19,9 +19,7 @@ class Switches:
     decode_kernel: str = "triton"  # decode attention with a flash backend: "triton" (ours) or "flash" (its own)
     pdl: bool = True  # programmatic dependent launch between our Triton kernels (Hopper and later)
     fused_prologue: bool = True  # QK-norm + RoPE + KV-cache write in one Triton kernel (GPU)
-    compile: bool | None = (
-        None  # small ops: None = Triton on CUDA (utils/compile.py); True: torch.compile; False: eager
-    )
+    compile: bool | None = None  # small ops: None Triton on CUDA, True torch.compile, False eager (compile.py)
     cpu_packed_linear: bool = True  # CPU: linear layers through oneDNN with weights packed at load (cpu_linear.py)
     triton_on_cpu: bool = False  # CPU: run the GPU path's Triton kernels (store, prologue, sampler) interpreted
 
@@ -60,6 +58,12 @@ def from_env() -> Switches:
 
 
 SWITCHES = from_env()
+
+
+def triton_runs_on(t) -> bool:
+    """Our Triton kernels take tensor `t`: on CUDA, or on CPU through the interpreter when `triton_on_cpu` asks
+    for the GPU path there. The one rule every kernel's caller follows."""
+    return t.is_cuda or SWITCHES.triton_on_cpu
 
 
 def set(**values) -> None:
