@@ -38,7 +38,7 @@ def test_packed_layers_equal_f_linear(dtype, rows):
     for name, m in _layers(dtype).items():
         x = torch.randn(rows, 48).to(dtype)
         want = F.linear(x, m.weight, m.bias)
-        assert m.pack_cpu_weight(), name
+        assert cpu_linear.pack_linears(m) == 1, name
         got = m(x)
         assert got.shape == want.shape and got.dtype == dtype, name
         assert_close(got, want, **tol)
@@ -53,13 +53,13 @@ def test_packed_lm_head_equals_f_linear():
     reset_context()  # decode: every row is a last token
     x = torch.randn(5, 32)
     want = F.linear(x, head.weight)
-    assert head.pack_cpu_weight()
+    assert cpu_linear.pack_linears(head) == 1
     assert_close(head(x), want, atol=1e-4, rtol=1e-4)
 
 
 def test_unpackable_weights_fall_back_to_f_linear():
     m = ReplicatedLinear(8, 4).to(torch.float16)  # oneDNN's CPU matmul: fp32 and bf16 here
-    assert not m.pack_cpu_weight() and m.packed_weight is None
+    assert cpu_linear.pack_linears(m) == 0 and m.packed_weight is None
     x = torch.randn(2, 8).to(torch.float16)
     assert torch.equal(m(x), F.linear(x, m.weight))
 

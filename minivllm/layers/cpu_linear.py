@@ -5,8 +5,8 @@ the call. Measured on the 2-core development machine (benchmarks/NOTES.md, chang
 1.5-3x faster at 16 tokens, the LM head 3x in fp32.
 
 The packed weight is a copy (an opaque oneDNN tensor): the `nn.Parameter` stays what the loader wrote, for the
-embedding it may be tied to, for tests and for TP's sharding. `pack_linears(model)` packs every layer that has a
-`pack_cpu_weight` method; `linear(x, weight, bias, packed)` uses the packed copy when there is one and the
+embedding it may be tied to, for tests and for TP's sharding. `pack_linears(model)` fills the `packed_weight` slot
+of every layer that has one; `linear(x, weight, bias, packed)` uses the packed copy when there is one and the
 `cpu_packed_linear` switch is on (MINIVLLM_CPU_PACKED_LINEAR=0 measures without). GPUs never see any of it."""
 
 import torch
@@ -43,5 +43,9 @@ def linear(
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Pack the weight of every layer of `model` that can (after the weights are loaded); returns how many."""
-    return sum(bool(m.pack_cpu_weight()) for m in model.modules() if hasattr(m, "pack_cpu_weight"))
+    """Pack the weight of every layer of `model` (itself included) that has a `packed_weight` slot, after the
+    weights are loaded; returns how many could be packed."""
+    layers = [m for m in model.modules() if hasattr(m, "packed_weight")]
+    for m in layers:
+        m.packed_weight = pack(m.weight)
+    return sum(m.packed_weight is not None for m in layers)

@@ -57,10 +57,6 @@ class ParallelLMHead(VocabParallelEmbedding):
         super().__init__(num_embeddings, embedding_dim)
         self.packed_weight: torch.Tensor | None = None  # CPU: the weight in oneDNN's layout (cpu_linear.py)
 
-    def pack_cpu_weight(self) -> bool:
-        self.packed_weight = cpu_linear.pack(self.weight)
-        return self.packed_weight is not None
-
     def forward(self, x: torch.Tensor) -> torch.Tensor | None:
         context = get_context()
         if context.is_prefill:

@@ -41,10 +41,6 @@ class LinearBase(nn.Module):
             self.register_parameter("bias", None)
         self.packed_weight: torch.Tensor | None = None  # CPU: the weight in oneDNN's layout (cpu_linear.py)
 
-    def pack_cpu_weight(self) -> bool:
-        self.packed_weight = cpu_linear.pack(self.weight)
-        return self.packed_weight is not None
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.weight.shape[1]:
             raise ValueError(
