@@ -58,7 +58,9 @@ def test_packed_lm_head_equals_f_linear():
 
 
 def test_unpackable_weights_fall_back_to_f_linear():
-    m = ReplicatedLinear(8, 4).to(torch.float16)  # oneDNN's CPU matmul: fp32 and bf16 here
+    m = ReplicatedLinear(8, 4)
+    m.weight.data.normal_()  # (torch.empty otherwise: NaNs now and then, and NaN != NaN)
+    m = m.to(torch.float16)  # oneDNN's CPU matmul: fp32 and bf16 here
     assert cpu_linear.pack_linears(m) == 0 and m.packed_weight is None
     x = torch.randn(2, 8).to(torch.float16)
     assert torch.equal(m(x), F.linear(x, m.weight))
