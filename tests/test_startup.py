@@ -38,19 +38,29 @@ def test_attention_warmup_fits_the_engine(tiny_qwen3, block_size, max_model_len,
     llm.exit()
 
 
-def test_prefill_with_keys_from_the_cache_equals_the_fresh_path(tiny_qwen3):
-    """What FlashAttention-4 engines do (every prefill reads its keys through the page table), run with the
-    torch backend on CPU: the same tokens as the fresh-key path, for short and long prompts, a prefix hit and
-    a prompt split into chunks."""
-    prompts = [[1], [5, 6, 7], list(range(3, 60)), list(range(3, 60)) + [9, 9], [(7 * i) % 500 for i in range(150)]]
-    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+def tokens_both_ways(make_llm, mid: int, long: int, max_tokens: int) -> dict[bool, list[list[int]]]:
+    """Greedy tokens with every prefill's keys read through the page table (True: FlashAttention-4's way) and
+    with the fresh-key path (False), on one engine each from `make_llm()`: prompts of 1 and 3 tokens, ids 3 to
+    `mid`, the same plus two tokens (a prefix hit on the next call), and a `long`-token one (chunked by a small
+    max_num_batched_tokens); then the prefix hit again."""
+    prompts = [[1], [5, 6, 7], list(range(3, mid)), list(range(3, mid)) + [9, 9], [(7 * i) % 500 for i in range(long)]]
+    greedy = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     outputs = {}
     for from_cache in (False, True):
-        llm = LLM(tiny_qwen3, device="cpu", kvcache_block_size=16, max_num_batched_tokens=64, num_kvcache_blocks=64)
+        llm = make_llm()
         llm.model_runner.prefill_keys_from_cache = from_cache
         outputs[from_cache] = [o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
         outputs[from_cache] += [o.token_ids for o in llm.generate(prompts[3:4], greedy, use_tqdm=False)]  # a hit
         llm.exit()
+    return outputs
+
+
+def test_prefill_with_keys_from_the_cache_equals_the_fresh_path(tiny_qwen3):
+    """What FlashAttention-4 engines do (every prefill reads its keys through the page table), run with the
+    torch backend on CPU: the same tokens as the fresh-key path, for short and long prompts, a prefix hit and
+    a prompt split into chunks."""
+    kw = dict(device="cpu", kvcache_block_size=16, max_num_batched_tokens=64, num_kvcache_blocks=64)
+    outputs = tokens_both_ways(lambda: LLM(tiny_qwen3, **kw), mid=60, long=150, max_tokens=6)
     assert outputs[True] == outputs[False]
 
 
@@ -102,16 +112,13 @@ def test_gpu_fa4_prefill_over_the_cache_equals_its_fresh_path(gpu_bf16_qwen3):
 
     if "fa4" not in available("cuda"):
         pytest.skip("FlashAttention-4 is not available on this GPU")
-    prompts = [[1], [5, 6, 7], list(range(3, 90)), list(range(3, 90)) + [9, 9], [(7 * i) % 500 for i in range(300)]]
-    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    outputs = {}
-    for from_cache in (False, True):
+
+    def make_llm():
         llm = LLM(gpu_bf16_qwen3, max_num_batched_tokens=256, num_kvcache_blocks=64, dtype="bfloat16")
         assert llm.model_runner.backend == "fa4" and llm.model_runner.prefill_keys_from_cache
-        llm.model_runner.prefill_keys_from_cache = from_cache
-        outputs[from_cache] = [o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
-        outputs[from_cache] += [o.token_ids for o in llm.generate(prompts[3:4], greedy, use_tqdm=False)]
-        llm.exit()
+        return llm
+
+    outputs = tokens_both_ways(make_llm, mid=90, long=300, max_tokens=12)
     assert outputs[True] == outputs[False]
 
 
