@@ -145,15 +145,19 @@ class DecodeLayout:
         S = self.max_seqs
         return dict(input_ids=S, positions=S, slot_mapping=S, context_lens=S, block_tables=S * self.max_blocks, src=S)
 
-    def offsets(self) -> dict[str, int]:
+    def placed(self) -> tuple[dict[str, int], int]:
+        """Each field's offset (16-byte aligned), and the end of the last one: the buffer's size."""
         offsets, end = {}, 0
         for name, width in self.widths().items():
             offsets[name], end = end, aligned(end + width)
-        return offsets
+        return offsets, end
+
+    def offsets(self) -> dict[str, int]:
+        return self.placed()[0]
 
     @property
     def size(self) -> int:
-        return aligned(sum(aligned(w) for w in self.widths().values()))
+        return self.placed()[1]
 
     def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
         """Named views of `buffer`; block_tables is (S, M)."""
