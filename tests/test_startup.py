@@ -171,3 +171,50 @@ def test_warmup_prefill_stores_into_a_stand_in_cache_and_restores_the_layers(tin
     llm.reset_prefix_cache()
     assert [o.token_ids for o in llm.generate([[1, 2, 3], [4, 5]], greedy, use_tqdm=False)] == before
     llm.exit()
+
+
+@pytest.mark.parametrize("block_size,max_model_len", [(16, 2048), (256, 4096), (16, 20)])
+def test_attention_compile_thread_makes_the_warmup_prefills_call(tiny_qwen3, monkeypatch, block_size, max_model_len):
+    """FlashAttention-4's kernel compiles on a thread during start-up (warmup.start_attention_compile), over a
+    stand-in cache; it must be the kernel warmup_attention's prefill then runs, so the stand-in must make the
+    layers' call: the same dtypes, head counts, page size, tokens, batch and which arguments are given (what
+    the kernel's compile key is made of). Both calls recorded with the torch backend on CPU."""
+    from minivllm.engine import warmup
+    from minivllm.layers import attention_backend
+
+    calls, prefill_paged = [], attention_backend.prefill_paged
+
+    def recorded(backend, q, k_cache, v_cache, **kw):
+        calls.append(
+            (
+                q.dtype,
+                tuple(q.shape),
+                tuple(k_cache.shape[1:]),
+                k_cache.dtype,
+                v_cache.shape == k_cache.shape,
+                tuple(
+                    (name, None if t is None else (t.dtype, t.dim()))
+                    for name, t in sorted(kw.items())
+                    if name[0] != "m" and name != "scale"
+                ),
+                len(kw["cu_seqlens_q"]) - 1,  # sequences
+                max(kw["max_seqlen_q"], attention_backend.FA4_MIN_SEQLEN_Q),  # what FlashAttention-4 gets
+                kw["scale"],
+            )
+        )
+        return prefill_paged(backend, q, k_cache, v_cache, **kw)
+
+    llm = LLM(
+        tiny_qwen3, device="cpu", kvcache_block_size=block_size, max_model_len=max_model_len, num_kvcache_blocks=20
+    )
+    runner = llm.model_runner
+    assert runner.attention_compile is None  # no thread on CPU
+    runner.prefill_keys_from_cache = True  # as with FlashAttention-4
+    monkeypatch.setattr(attention_backend, "prefill_paged", recorded)
+    runner.warmup_attention()
+    layers = len(runner.attn_layers)
+    assert len(calls) == layers and len(set(calls)) == 1
+    warmup.stand_in_prefill_attention(runner.config, runner.device, runner.dtype, backend="torch")
+    assert len(calls) == layers + 1
+    assert calls[-1] == calls[0]
+    llm.exit()

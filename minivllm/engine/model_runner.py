@@ -85,6 +85,7 @@ class ModelRunner:
         # page table is one of its distinctions, so with it every prefill reads its keys from the cache (the
         # layer has just written them there) and one variant serves them all (benchmarks/NOTES.md, change 16)
         self.prefill_keys_from_cache = self.backend == "fa4"
+        self.attention_compile = warmup.start_attention_compile(self)  # FA4's kernel compiles during load and warm-up
         self.sampler = Sampler(config.seed, self.device)
         self.max_num_blocks = -(-config.max_model_len // self.block_size)
         self.enforce_eager = config.enforce_eager or self.device.type != "cuda"

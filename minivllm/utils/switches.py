@@ -22,11 +22,12 @@ class Switches:
     compile: bool | None = None  # small ops: None Triton on CUDA, True torch.compile, False eager (compile.py)
     cpu_packed_linear: bool = True  # CPU: linear layers through oneDNN with weights packed at load (cpu_linear.py)
     triton_on_cpu: bool = False  # CPU: run the GPU path's Triton kernels (store, prologue, sampler) interpreted
+    early_attention_compile: bool = True  # GPU start: FlashAttention-4 compiles on a thread during load (warmup.py)
 
     def check(self) -> None:
         if self.decode_kernel not in DECODE_KERNELS:
             raise ValueError(f"unknown decode kernel {self.decode_kernel!r}; choose from {DECODE_KERNELS}")
-        for name in ("pdl", "fused_prologue", "cpu_packed_linear", "triton_on_cpu"):
+        for name in ("pdl", "fused_prologue", "cpu_packed_linear", "triton_on_cpu", "early_attention_compile"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"switch {name} must be True or False, got {getattr(self, name)!r}")
         if self.compile not in (None, True, False):
