@@ -3,7 +3,6 @@ the first requests would otherwise compile, and learn the largest prefill's peak
 compiles and the KV cache has a byte budget, so none of it runs there."""
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -61,20 +60,22 @@ def warmup_model(runner: "ModelRunner") -> None:
         torch.cuda.synchronize()
 
 
-def attention_warmup_tokens(config: Config) -> tuple[int, int]:
-    """(cached, new) tokens of the attention warm-up's one prefill: one block from the cache (when a prefix can
-    be cached at all) and up to 512 new tokens."""
+def attention_warmup_tokens(config: Config) -> tuple[int, int, int]:
+    """(cached, new, blocks) of the attention warm-up's one prefill: one block of tokens from the cache (when a
+    prefix can be cached at all), up to 512 new tokens, and the blocks the two fill."""
     block_size = config.kvcache_block_size
     cached = block_size if config.max_model_len > block_size else 0  # a cached prefix needs room after it
-    return cached, min(512, config.max_num_batched_tokens, config.max_model_len - cached)
+    new = min(512, config.max_num_batched_tokens, config.max_model_len - cached)
+    return cached, new, -(-(cached + new) // block_size)
 
 
 def start_attention_compile(runner: "ModelRunner") -> Future | None:
     """FlashAttention-4 compiles its one prefill kernel (~4 s on a bare machine) on a thread, over a stand-in
     cache of a few blocks, while the runner loads the model and its warm-up prefill compiles the Triton kernels
-    (both give up the interpreter lock in their compilers and on the GPU). Its compile key holds the dtypes,
-    head counts, page size and which arguments are given, not the sizes, so the stand-in's kernel is the one
-    every prefill runs. warmup_attention waits for it. With its on-disk cache the thread only loads the kernel."""
+    (they overlap only where one gives up the interpreter lock: ~3.4 of ~5.8 s, benchmarks/NOTES.md change 21).
+    Its compile key holds the dtypes, head counts, page size and which arguments are given, not the sizes, so
+    the stand-in's kernel is the one every prefill runs. warmup_attention waits for it. With its on-disk cache
+    the thread only loads the kernel."""
     if runner.device.type != "cuda" or runner.backend != "fa4" or not SWITCHES.early_attention_compile:
         return None
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minivllm-attention-compile")
@@ -89,11 +90,9 @@ def stand_in_prefill_attention(config: Config, device: torch.device, dtype: torc
     GPU): the same call as the layer's, so the same kernel (tests/test_startup.py compares the two)."""
     _, _, _, block_size, kv_heads, head_dim = kv_cache_shape(config, 1)
     heads = config.hf_config.num_attention_heads // config.tensor_parallel_size
-    cached, new = attention_warmup_tokens(config)
-    blocks = -(-(cached + new) // block_size)
-    cuda = device.type == "cuda"
-    stream = torch.cuda.Stream(device) if cuda else None
-    with torch.cuda.device(device) if cuda else nullcontext(), torch.cuda.stream(stream) if cuda else nullcontext():
+    cached, new, blocks = attention_warmup_tokens(config)
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    with torch.cuda.stream(stream):  # makes the stream's device current too; no-op for None (CPU)
         q = torch.zeros(new, heads, head_dim, dtype=dtype, device=device)  # (new, H, D)
         k_cache = torch.zeros(blocks, block_size, kv_heads, head_dim, dtype=dtype, device=device)
         i32 = dict(dtype=torch.int32, device=device)
@@ -110,7 +109,7 @@ def stand_in_prefill_attention(config: Config, device: torch.device, dtype: torc
             block_tables=torch.arange(blocks, **i32).view(1, blocks),  # (1, blocks)
             scale=head_dim**-0.5,
         )
-    if cuda:
+    if stream is not None:
         stream.synchronize()
 
 
@@ -124,9 +123,8 @@ def warmup_attention(runner: "ModelRunner") -> None:
         future, runner.attention_compile = runner.attention_compile, None
         future.result()  # the thread's errors raise here
     c = runner.config
-    cached, new = attention_warmup_tokens(c)
+    cached, new, blocks = attention_warmup_tokens(c)
     seq = Sequence([0] * (cached + new))
-    blocks = -(-(cached + new) // runner.block_size)
     seq.block_table = [b % c.num_kvcache_blocks for b in range(blocks)]
     seq.num_computed_tokens, seq.num_scheduled_tokens = cached, new
     runner.run_model(runner.prepare_prefill([seq]))
