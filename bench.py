@@ -70,6 +70,7 @@ def one_process(args) -> dict:
     t = time.perf_counter()
     llm = LLM(args.model, tensor_parallel_size=args.tp, enforce_eager=args.enforce_eager, max_model_len=4096)
     init_s = time.perf_counter() - t
+    init_compiles = [[name, round(s, 3)] for name, s in zip(counter.triton_kernels, counter.triton_seconds)]
     t = time.perf_counter()
     llm.generate(["Benchmark: "], SamplingParams(temperature=1.0, max_tokens=64), use_tqdm=False)
     short_s = time.perf_counter() - t
@@ -106,6 +107,7 @@ def one_process(args) -> dict:
         init_s=init_s,
         short_prompt_s=short_s,
         startup_phases=llm.model_runner.startup_seconds,
+        init_triton_compiles=init_compiles,  # [kernel, seconds] of each Triton compile (or cache load) in init
         runs=runs,
         floor=floor,
         backend=llm.model_runner.backend,
@@ -177,6 +179,10 @@ def summarize_gpu(result: dict) -> list[tuple[str, str]]:
                 f"{warm_tps:.0f}  (runs: " + ", ".join(f"{r['tok_per_s']:.0f}" for r in warm) + ")",
             ),
             (f"{name}: first / warm", f"{p['first_over_warm']:.2f}"),
+            (
+                f"{name}: Triton kernels in init",
+                f"{len(p['init_triton_compiles'])}, {sum(s for _, s in p['init_triton_compiles']):.1f} s",
+            ),
         ]
     p = result["processes"]["cached"]
     f = p["floor"]

@@ -2,8 +2,12 @@
 on Qwen3-0.6B's per-layer shape (16 q heads / 8 KV heads x 128, bf16, block size 256) at batches and context
 mixes of the benchmark workload; also the same batch ordered longest context first. Times are
 triton.testing.do_bench medians (L2 flushed), bytes = K and V of every context once.
+--grid: instead of the tiles, the split count and the order of the programs (batch or KV heads fastest) at the
+default tiles, on the batches and contexts of the benchmark's phases (from 256 sequences of 100-1,500 tokens
+down to 8 of 1,200-2,048).
 
   python benchmarks/sweep_paged_decode.py --out benchmarks/results/sweep_paged_decode.json
+  python benchmarks/sweep_paged_decode.py --grid --out benchmarks/results/sweep_paged_decode_grid.json
 """
 
 import argparse
@@ -12,12 +16,14 @@ import itertools
 import torch
 import triton.testing
 
-from minivllm.layers.paged_decode import paged_decode
+from minivllm.layers.paged_decode import num_splits, paged_decode
 from minivllm.layers.torch_attention import paged_decode_attention
 from minivllm.testing.benchmark import save_json
 
 H, HKV, D, PAGE = 16, 8, 128, 256
 SCENARIOS = [(256, 600, 600), (256, 100, 1500), (128, 300, 1800), (64, 500, 2000), (16, 1000, 2000)]  # B, ctx lo, hi
+PHASES = [(256, 100, 1500), (128, 300, 1800), (96, 400, 1900), (64, 500, 2000), (32, 700, 2000), (16, 1000, 2000)]
+PHASES += [(8, 1200, 2048), (1, 1500, 2048)]
 
 
 def inputs(B, lo, hi, longest_first):
@@ -41,9 +47,12 @@ def inputs(B, lo, hi, longest_first):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="sweep_paged_decode.json")
+    ap.add_argument("--grid", action="store_true", help="sweep split counts and program order, not tiles")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("sweep_paged_decode.py times the Triton kernel on a GPU; none here")
+    if args.grid:
+        return sweep_grid(args.out)
     configs = list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4)))  # block_n, num_warps, num_stages
     rows = []
     for (B, lo, hi), longest_first in itertools.product(SCENARIOS, (False, True)):
@@ -80,6 +89,44 @@ def main() -> None:
             flush=True,
         )
     save_json(dict(rows=rows), args.out)
+
+
+def sweep_grid(out: str) -> None:
+    """Split counts x program order at the default tiles, per phase of the benchmark; the time of the engine's
+    choice (num_splits(B), batch fastest) beside the best."""
+    rows = []
+    for B, lo, hi in PHASES:
+        q, k, v, lens, tables = inputs(B, lo, hi, longest_first=False)
+        ref = paged_decode_attention(q.float(), k.float(), v.float(), lens, tables, D**-0.5)
+        nbytes = 2 * int(lens.sum()) * HKV * D * 2
+        times = {}
+        for splits, heads_fastest in itertools.product((1, 2, 3, 4, 6, 8, 12, 16), (False, True)):
+            fn = lambda: paged_decode(q, k, v, lens, tables, D**-0.5, splits=splits, heads_fastest=heads_fastest)
+            err = (fn().float() - ref).abs().max().item()
+            assert err < 2e-2, f"splits {splits} heads_fastest {heads_fastest}: max abs diff {err}"
+            times[splits, heads_fastest] = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+        now = times[num_splits(B, HKV), False]
+        best = min(times, key=times.get)
+        row = dict(
+            batch=B,
+            ctx=[lo, hi],
+            engine_splits=num_splits(B, HKV),
+            engine_us=round(now, 1),
+            engine_TBps=round(nbytes / now / 1e6, 2),
+            best_splits=best[0],
+            best_heads_fastest=best[1],
+            best_us=round(times[best], 1),
+            best_TBps=round(nbytes / times[best] / 1e6, 2),
+            all_us={f"{s}/{'heads' if h else 'batch'}": round(t, 1) for (s, h), t in times.items()},
+        )
+        rows.append(row)
+        print(
+            f"B={B:3d} ctx {lo}-{hi}: engine (splits {row['engine_splits']}, batch fastest) {now:7.1f} us "
+            f"({row['engine_TBps']} TB/s)  best {best} {times[best]:7.1f} us ({row['best_TBps']} TB/s)\n   "
+            + " ".join(f"{key}:{t}" for key, t in row["all_us"].items()),
+            flush=True,
+        )
+    save_json(dict(rows=rows), out)
 
 
 if __name__ == "__main__":

@@ -185,10 +185,12 @@ TRITON_CASES = CASES if DEVICE == "cuda" else CASES[1:]  # the interpreter is sl
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("heads_fastest", [False, True], ids=["batch-fastest", "heads-fastest"])
 @pytest.mark.parametrize("heads,kv_heads,block_size,lens", TRITON_CASES, ids=CASE_IDS[-len(TRITON_CASES) :])
-def test_triton_decode_matches_reference(dtype, splits, heads, kv_heads, block_size, lens):
+def test_triton_decode_matches_reference(dtype, splits, heads_fastest, heads, kv_heads, block_size, lens):
     """GQA groups, tiles that cross pages (block size 16 < the kernel's 64-token tile), split-KV with splits
-    longer than some contexts (empty splits), a padded row with context 0 (zeros, and no harm to the others)."""
+    longer than some contexts (empty splits), a padded row with context 0 (zeros, and no harm to the others),
+    in either order of the programs."""
     from minivllm.layers.paged_decode import paged_decode
 
     _, k, v, _ = ragged(lens, heads, kv_heads, dtype)
@@ -197,7 +199,8 @@ def test_triton_decode_matches_reference(dtype, splits, heads, kv_heads, block_s
     tables = torch.cat([tables, torch.full_like(tables[:1], -1)])  # + a padding row
     ctx = torch.tensor(lens + [0], dtype=torch.int32, device=DEVICE)
     q = torch.randn(len(lens) + 1, heads, HEAD_DIM, generator=torch.Generator().manual_seed(4)).to(DEVICE, dtype)
-    out = paged_decode(q, k_cache, v_cache, ctx, tables.clamp(min=0), HEAD_DIM**-0.5, splits=splits)
+    scale = HEAD_DIM**-0.5
+    out = paged_decode(q, k_cache, v_cache, ctx, tables.clamp(min=0), scale, splits=splits, heads_fastest=heads_fastest)
     assert_close(out[:-1].float(), decode_reference(q[:-1], k, v, lens, HEAD_DIM**-0.5), dtype=dtype)
     assert (out[-1] == 0).all()
 

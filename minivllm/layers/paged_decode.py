@@ -38,12 +38,17 @@ def paged_decode_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLIT: tl.constexpr,  # num_splits > 1: write partial results and their log-sum-exp
+    HEADS_FASTEST: tl.constexpr,  # grid (Hkv, B, splits) instead of (B, Hkv, splits): see paged_decode
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     if PDL:  # utils/pdl.py
         pdl.wait()
-    b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if HEADS_FASTEST:
+        kvh, b = tl.program_id(0), tl.program_id(1)
+    else:
+        b, kvh = tl.program_id(0), tl.program_id(1)
+    split = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + b)
     g = tl.arange(0, BLOCK_G)  # query heads kvh * GROUP + g, g < GROUP
     d = tl.arange(0, BLOCK_D)
@@ -156,10 +161,13 @@ def paged_decode(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
+    heads_fastest: bool = False,
 ) -> torch.Tensor:
     """q (B, H, D), caches (num_blocks, block_size, Hkv, D), context_lens (B,) int32, block_tables (B, M) int32
     with valid block ids in every entry a context reaches (padding past it is never read) -> (B, H, D).
-    block_n / num_warps / num_stages: the launch configuration (default `tile_config`)."""
+    block_n / num_warps / num_stages: the launch configuration (default `tile_config`). heads_fastest: programs
+    that run side by side read the KV heads of the same tokens (one cache row of Hkv * D values holds them all)
+    instead of one head of many sequences."""
     B, H, D = q.shape
     default_n, default_stages = tile_config(q.dtype, D)
     block_n, num_stages = block_n or default_n, num_stages or default_stages
@@ -173,7 +181,8 @@ def paged_decode(
     partial = out if splits == 1 else torch.empty(B, H, splits, D, dtype=torch.float32, device=q.device)
     lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device) if splits > 1 else partial
     group = H // Hkv
-    paged_decode_kernel[(B, Hkv, splits)](
+    grid = (Hkv, B, splits) if heads_fastest else (B, Hkv, splits)
+    paged_decode_kernel[grid](
         q,
         k_cache,
         v_cache,
@@ -192,6 +201,7 @@ def paged_decode(
         BLOCK_D=max(16, triton.next_power_of_2(D)),
         BLOCK_N=block_n,
         SPLIT=splits > 1,
+        HEADS_FASTEST=heads_fastest,
         IEEE=q.dtype == torch.float32 or not q.is_cuda,  # the interpreter's bf16 tl.dot is wrong: fp32 there
         PDL=pdl.enabled(q),
         num_warps=num_warps,

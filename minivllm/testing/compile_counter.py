@@ -2,12 +2,14 @@
 kernels (this process's in-memory cache misses), torch.compile graphs, and FlashAttention-4 kernel variants."""
 
 import sys
+import time
 
 
 class CompileCounter:
     def __init__(self) -> None:
         self.triton = 0
         self.triton_kernels: list[str] = []  # the name of each Triton kernel compiled, in order
+        self.triton_seconds: list[float] = []  # and how long each took (a load from the on-disk cache included)
         try:
             from triton.runtime.jit import JITFunction
 
@@ -16,7 +18,11 @@ class CompileCounter:
             def counted(fn_self, *args, **kwargs):
                 self.triton += 1
                 self.triton_kernels.append(getattr(fn_self, "__name__", "?"))
-                return original(fn_self, *args, **kwargs)
+                t = time.perf_counter()
+                try:
+                    return original(fn_self, *args, **kwargs)
+                finally:
+                    self.triton_seconds.append(time.perf_counter() - t)
 
             JITFunction._do_compile = counted
         except (ImportError, AttributeError):

@@ -1,0 +1,112 @@
+"""Profile the prefill steps of bench.py's workload on a GPU: each step's wall time against its matmul floor, and
+which kernels take the time (torch.profiler), in two forms: the workload's first steps as they run (prefill
+chunks that carry the decode rows of sequences already running), and the same prompts with max_tokens=1 (prefill
+alone). Writes a text report to --out.
+
+  python benchmarks/profile_prefill.py --out prefill_profile.txt
+"""
+
+import argparse
+import os
+from contextlib import nullcontext
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from minivllm import LLM, SamplingParams
+from minivllm.testing.benchmark import MATMUL_FLOPS, model_bytes_and_flops, workload
+from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
+
+
+def kernel_table(prof, top: int = 18) -> list[str]:
+    kern: dict[str, tuple[int, float]] = {}
+    for e in prof.events():
+        if e.device_type.name == "CUDA":
+            c, us = kern.get(e.name, (0, 0.0))
+            kern[e.name] = (c + 1, us + e.time_range.elapsed_us())
+    busy = sum(us for _, us in kern.values())
+    lines = [f"  kernel busy {busy / 1e3:.1f} ms over {sum(c for c, _ in kern.values())} kernels"]
+    for name, (c, us) in sorted(kern.items(), key=lambda kv: -kv[1][1])[:top]:
+        lines.append(f"  {us / 1e3:8.2f} ms  {c:6d} x {us / c:7.1f} us  {name[:90]}")
+    return lines
+
+
+def step_lines(llm: LLM, start: int, params: int) -> list[str]:
+    """One line per step: kind, sequences, tokens, wall ms (launch to tokens back), its matmul floor."""
+    lines = []
+    for r in llm.step_log[start:]:
+        floor_ms = 2 * params * r.num_tokens / MATMUL_FLOPS * 1e3
+        ms = (r.schedule + r.run + r.postprocess) * 1e3
+        kind = "prefill" if r.is_prefill else "decode"
+        lines.append(f"  {kind:7s} seqs {r.num_seqs:4d} tokens {r.num_tokens:6d}: {ms:7.2f} ms (floor {floor_ms:.2f})")
+    return lines
+
+
+ACTIVITY = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU  # CPU: a dry run
+
+
+def sync() -> None:
+    if torch.cuda.is_available():  # (a dry run on CPU has nothing to wait for)
+        torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="prefill_profile.txt")
+    ap.add_argument("--steps", type=int, default=12, help="steps of the workload to profile as it runs")
+    ap.add_argument("--num-seqs", type=int, default=256)
+    ap.add_argument("--model", default=None, help="a checkpoint directory (default: bench.py's random Qwen3-0.6B)")
+    args = ap.parse_args()
+    path = args.model or make_tiny_checkpoint(
+        os.path.expanduser("~/.cache/minivllm/qwen3-0.6b-random"), "qwen3", dtype=torch.bfloat16, **QWEN3_0_6B
+    )
+    llm = LLM(path, max_model_len=4096)
+    _, _, params = model_bytes_and_flops(llm.config.hf_config)
+    params -= llm.config.hf_config.vocab_size * llm.config.hf_config.hidden_size  # the LM head: last tokens only
+    prompts, sampling = workload(0, args.num_seqs, 100, 1024, 1024)
+    lines, printed = [], 0
+
+    # prefill alone: every prompt with max_tokens=1 (a warm-up pass, then a profiled one)
+    one = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=1)
+    llm.generate(prompts, one, use_tqdm=False)
+    for profiled in (False, True):
+        llm.reset_prefix_cache()
+        start = len(llm.step_log)
+        with profile(activities=[ACTIVITY]) if profiled else nullcontext() as prof:
+            llm.generate(prompts, one, use_tqdm=False)
+            sync()
+        lines.append(f"--- prefill alone ({'profiled' if profiled else 'plain'}):")
+        lines += step_lines(llm, start, params)
+        if profiled:
+            lines += kernel_table(prof)
+        print("\n".join(lines[printed:]), flush=True)
+        printed = len(lines)
+
+    # the workload as it runs: its first steps (prefill chunks with the running sequences' decode rows), twice
+    for profiled in (False, True):
+        llm.reset_prefix_cache()
+        ids = [f"w{profiled}-{i}" for i in range(len(prompts))]
+        for rid, p, sp in zip(ids, prompts, sampling):
+            llm.add_request(rid, p, sp)
+        start = len(llm.step_log)
+        with profile(activities=[ACTIVITY]) if profiled else nullcontext() as prof:
+            for _ in range(args.steps):
+                llm.step()
+            sync()
+        lines.append(f"--- the workload's first {args.steps} steps ({'profiled' if profiled else 'plain'}):")
+        lines += step_lines(llm, start, params)
+        if profiled:
+            lines += kernel_table(prof)
+        print("\n".join(lines[printed:]), flush=True)
+        printed = len(lines)
+        llm.abort_request(ids)
+        while llm.has_unfinished_requests():
+            llm.step()
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
