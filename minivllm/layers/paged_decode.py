@@ -134,6 +134,9 @@ def combine_splits_kernel(
 
 
 MAX_SPLITS = 16
+# Programs side by side read the KV heads of the same tokens (grid (Hkv, B, splits)): 1-1.5% faster than one head
+# of many sequences at batch 96-256 on the H200 (sweep_paged_decode.py --grid, benchmarks/NOTES.md change 22)
+HEADS_FASTEST = True
 
 
 def num_splits(batch: int, num_kv_heads: int, max_splits: int = MAX_SPLITS) -> int:
@@ -161,7 +164,7 @@ def paged_decode(
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int | None = None,
-    heads_fastest: bool = False,
+    heads_fastest: bool = HEADS_FASTEST,
 ) -> torch.Tensor:
     """q (B, H, D), caches (num_blocks, block_size, Hkv, D), context_lens (B,) int32, block_tables (B, M) int32
     with valid block ids in every entry a context reaches (padding past it is never read) -> (B, H, D).
