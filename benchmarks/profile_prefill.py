@@ -1,13 +1,17 @@
 """Profile the prefill steps of bench.py's workload on a GPU: each step's wall time against its matmul floor, and
 which kernels take the time (torch.profiler), in two forms: the workload's first steps as they run (prefill
 chunks that carry the decode rows of sequences already running), and the same prompts with max_tokens=1 (prefill
-alone). Writes a text report to --out.
+alone). With --cprofile, the host's Python profile of the workload's first steps too. Writes a text report to
+--out.
 
   python benchmarks/profile_prefill.py --out prefill_profile.txt
 """
 
 import argparse
+import cProfile
+import io
 import os
+import pstats
 from contextlib import nullcontext
 
 import torch
@@ -38,7 +42,10 @@ def step_lines(llm: LLM, start: int, params: int) -> list[str]:
         floor_ms = 2 * params * r.num_tokens / MATMUL_FLOPS * 1e3
         ms = (r.schedule + r.run + r.postprocess) * 1e3
         kind = "prefill" if r.is_prefill else "decode"
-        lines.append(f"  {kind:7s} seqs {r.num_seqs:4d} tokens {r.num_tokens:6d}: {ms:7.2f} ms (floor {floor_ms:.2f})")
+        lines.append(
+            f"  {kind:7s} seqs {r.num_seqs:4d} tokens {r.num_tokens:6d}: {ms:7.2f} ms (floor {floor_ms:.2f}; host "
+            f"schedule {r.schedule * 1e3:.2f}, launch {r.run * 1e3:.2f}, postprocess {r.postprocess * 1e3:.2f})"
+        )
     return lines
 
 
@@ -56,6 +63,7 @@ def main() -> None:
     ap.add_argument("--out", default="prefill_profile.txt")
     ap.add_argument("--steps", type=int, default=12, help="steps of the workload to profile as it runs")
     ap.add_argument("--num-seqs", type=int, default=256)
+    ap.add_argument("--cprofile", action="store_true", help="also cProfile the host over the workload's first steps")
     ap.add_argument("--model", default=None, help="a checkpoint directory (default: bench.py's random Qwen3-0.6B)")
     args = ap.parse_args()
     path = args.model or make_tiny_checkpoint(
@@ -84,20 +92,26 @@ def main() -> None:
         printed = len(lines)
 
     # the workload as it runs: its first steps (prefill chunks with the running sequences' decode rows), twice
-    for profiled in (False, True):
+    for profiled in (False, True, "cprofile") if args.cprofile else (False, True):
         llm.reset_prefix_cache()
         ids = [f"w{profiled}-{i}" for i in range(len(prompts))]
         for rid, p, sp in zip(ids, prompts, sampling):
             llm.add_request(rid, p, sp)
         start = len(llm.step_log)
-        with profile(activities=[ACTIVITY]) if profiled else nullcontext() as prof:
+        host = cProfile.Profile() if profiled == "cprofile" else None
+        with profile(activities=[ACTIVITY]) if profiled is True else host or nullcontext() as prof:
             for _ in range(args.steps):
                 llm.step()
             sync()
-        lines.append(f"--- the workload's first {args.steps} steps ({'profiled' if profiled else 'plain'}):")
+        what = {False: "plain", True: "torch.profiler", "cprofile": "cProfile"}[profiled]
+        lines.append(f"--- the workload's first {args.steps} steps ({what}):")
         lines += step_lines(llm, start, params)
-        if profiled:
+        if profiled is True:
             lines += kernel_table(prof)
+        if host is not None:
+            text = io.StringIO()
+            pstats.Stats(host, stream=text).sort_stats("cumulative").print_stats(40)
+            lines += text.getvalue().splitlines()
         print("\n".join(lines[printed:]), flush=True)
         printed = len(lines)
         llm.abort_request(ids)
