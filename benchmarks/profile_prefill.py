@@ -1,17 +1,19 @@
 """Profile the prefill steps of bench.py's workload on a GPU: each step's wall time against its matmul floor, and
 which kernels take the time (torch.profiler), in two forms: the workload's first steps as they run (prefill
 chunks that carry the decode rows of sequences already running), and the same prompts with max_tokens=1 (prefill
-alone). With --cprofile, the host's Python profile of the workload's first steps too. Writes a text report to
---out.
+alone). With --cprofile, the host's Python profile of the workload's first steps too; with --gc, the Python
+garbage collector's pauses in those steps, and the same steps after gc.freeze(). Writes a text report to --out.
 
   python benchmarks/profile_prefill.py --out prefill_profile.txt
 """
 
 import argparse
 import cProfile
+import gc
 import io
 import os
 import pstats
+import time
 from contextlib import nullcontext
 
 import torch
@@ -64,6 +66,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12, help="steps of the workload to profile as it runs")
     ap.add_argument("--num-seqs", type=int, default=256)
     ap.add_argument("--cprofile", action="store_true", help="also cProfile the host over the workload's first steps")
+    ap.add_argument("--gc", action="store_true", help="also the garbage collector's pauses, then with gc.freeze()")
     ap.add_argument("--model", default=None, help="a checkpoint directory (default: bench.py's random Qwen3-0.6B)")
     args = ap.parse_args()
     path = args.model or make_tiny_checkpoint(
@@ -92,22 +95,44 @@ def main() -> None:
         printed = len(lines)
 
     # the workload as it runs: its first steps (prefill chunks with the running sequences' decode rows), twice
-    for profiled in (False, True, "cprofile") if args.cprofile else (False, True):
+    modes = [False, True] + ["cprofile"] * args.cprofile + ["gc", "gc-frozen"] * args.gc
+    pauses: list[tuple[int, float]] = []  # (generation, seconds) of each collection while a "gc" mode runs
+    started: list[float] = []
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            pauses.append((info["generation"], time.perf_counter() - started.pop()))
+
+    for profiled in modes:
+        if profiled == "gc-frozen":
+            gc.collect()
+            gc.freeze()  # what the engine had made so far: never scanned again
+        pauses.clear()
         llm.reset_prefix_cache()
         ids = [f"w{profiled}-{i}" for i in range(len(prompts))]
         for rid, p, sp in zip(ids, prompts, sampling):
             llm.add_request(rid, p, sp)
         start = len(llm.step_log)
+        if profiled == "gc":
+            gc.callbacks.append(on_gc)
         host = cProfile.Profile() if profiled == "cprofile" else None
         with profile(activities=[ACTIVITY]) if profiled is True else host or nullcontext() as prof:
             for _ in range(args.steps):
                 llm.step()
             sync()
-        what = {False: "plain", True: "torch.profiler", "cprofile": "cProfile"}[profiled]
+        what = {False: "plain", True: "torch.profiler", "cprofile": "cProfile"}.get(profiled, profiled)
         lines.append(f"--- the workload's first {args.steps} steps ({what}):")
         lines += step_lines(llm, start, params)
         if profiled is True:
             lines += kernel_table(prof)
+        if str(profiled).startswith("gc"):
+            for g in (0, 1, 2):
+                ms = [p * 1e3 for gen, p in pauses if gen == g]
+                lines.append(
+                    f"  gc generation {g}: {len(ms)} collections, {sum(ms):.1f} ms, longest {max(ms, default=0):.1f} ms"
+                )
         if host is not None:
             text = io.StringIO()
             pstats.Stats(host, stream=text).sort_stats("cumulative").print_stats(40)
