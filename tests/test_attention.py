@@ -385,6 +385,51 @@ def test_attention_layer_three_paths(backend, layer_backend):
     assert_close(out.float(), recompute[block_size:].float(), dtype=dtype)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("num_decode_rows", [0, 3], ids=["prefill-kernel-for-all", "decode-rows-first"])
+def test_prefill_step_whose_first_rows_decode(backend, num_decode_rows, layer_backend):
+    """A prefill step of the engine's shape: three sequences decoding one token each first (one query, many
+    cached keys), then two prompts in chunks (a later chunk, and one whose last chunk is a single token).
+    With num_decode_rows the first three run the decode kernel and the others the prefill kernel; either
+    way every row equals the reference over its whole context."""
+    block_size = 256 if backend == "flash_attn" else 16
+    need(backend, block_size)
+    heads, kv_heads, dtype, scale = 4, 2, dtype_for(backend), HEAD_DIM**-0.5
+    lens = [37, 5, 50, 40, 21]  # keys per sequence after this step
+    new = [1, 1, 1, 7, 1]  # queries per sequence in this step
+    q, k, v, _ = ragged(lens, heads, kv_heads, dtype, seed=5)
+    num_blocks, tables, slots = paged_layout(lens, block_size, shuffle=True)
+    layer = Attention(heads, HEAD_DIM, scale, kv_heads)
+    layer.backend = backend
+    ends = torch.tensor(lens).cumsum(0)
+    new_rows = torch.cat([torch.arange(e - n, e) for e, n in zip(ends.tolist(), new)]).to(DEVICE)  # this step's
+    cached = torch.ones(sum(lens), dtype=torch.bool, device=DEVICE)
+    cached[new_rows] = False
+    layer.k_cache, layer.v_cache = make_cache(
+        num_blocks, block_size, kv_heads, dtype, k[cached], v[cached], slots[cached]
+    )
+    cu_q = torch.tensor([0] + new, device=DEVICE).cumsum(0).to(torch.int32)
+    set_context(
+        True,
+        cu_seqlens_q=cu_q,
+        cu_seqlens_k=ends.new_tensor([0] + ends.tolist()).to(DEVICE, torch.int32),
+        max_seqlen_q=max(new),
+        max_seqlen_k=max(lens),
+        slot_mapping=slots[new_rows].to(torch.int32),
+        context_lens=torch.tensor(lens, dtype=torch.int32, device=DEVICE),
+        block_tables=tables,
+        num_decode_rows=num_decode_rows,
+    )
+    try:
+        out = layer(q[new_rows], k[new_rows], v[new_rows])
+    finally:
+        reset_context()
+    qs, ks, vs = split(q, lens), split(k, lens), split(v, lens)
+    expected = torch.cat([naive_attention(qi[-n:], ki, vi, scale) for qi, ki, vi, n in zip(qs, ks, vs, new)])
+    assert out.shape == (sum(new), heads, HEAD_DIM)
+    assert_close(out.float(), expected, dtype=dtype)
+
+
 # --- bad input: clear ValueErrors -------------------------------------------------------------------------
 
 

@@ -37,6 +37,19 @@ def test_prefill_packs_a_fresh_prompt_and_a_later_chunk():
     assert prepare_prefill([a], BS).block_tables is None  # nothing cached: attention needs no table
 
 
+def test_prefill_counts_its_leading_rows_of_one_query():
+    """The scheduler puts decoding sequences first; their rows (one query each) are attended as decode rows."""
+    dec = [seq([1, 2, 3, 4, 5], [3, 8], 4, 1), seq([6, 7], [2], 1, 1)]  # one new token each
+    chunk = seq(list(range(10, 20)), [1, 4, 6], 4, 5)  # a later chunk of 5
+    last = seq([9, 9, 9], [7], 2, 1)  # a prompt's last chunk of one token, after the chunk
+    assert prepare_prefill(dec + [chunk, last], BS).num_decode_rows == 2  # the leading run only
+    assert prepare_prefill([chunk] + dec, BS).num_decode_rows == 0
+    assert prepare_prefill(dec, BS).num_decode_rows == 2  # every row
+    fresh = [seq([1], [0], 0, 1), seq([4, 5, 6], [2], 0, 3)]  # nothing cached: no tables, no decode rows
+    assert prepare_prefill(fresh, BS).num_decode_rows == 0
+    assert prepare_prefill(fresh, BS, keys_from_cache=True).num_decode_rows == 1
+
+
 def test_decode_pads_to_the_graph_size_and_feeds_pending_tokens():
     a = seq([1, 2, 3, 9], [3], 3, 1)
     b = seq([4, 5, 6, 7, 8, PENDING], [0, 6], 5, 1, row=4)  # its last token is being sampled in row 4

@@ -215,6 +215,7 @@ class ModelRunner:
             slot_mapping=t["slot_mapping"],
             context_lens=t["context_lens"],
             block_tables=t.get("block_tables"),
+            num_decode_rows=inp.num_decode_rows,
         )
         logits = self.model.compute_logits(self.model(t["input_ids"], t["positions"]))
         reset_context()

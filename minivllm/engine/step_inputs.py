@@ -31,6 +31,7 @@ class StepInput:
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
     num_seqs: int = 0  # real sequences (decode may be padded up to a graph size)
+    num_decode_rows: int = 0  # prefill with block tables: its first rows with one query each
     src: np.ndarray | None = None  # (T,) int32: row of the previous step's sampled tokens to feed in, or -1
 
 
@@ -74,6 +75,10 @@ def prepare_prefill(seqs: list[Sequence], block_size: int, *, keys_from_cache: b
     slots = [token_slots(s.block_table, a, b, block_size) for s, a, b in zip(seqs, starts, ends)]
     cached = keys_from_cache or bool((starts > 0).any())  # attention reads the keys by block table
     rows = np.repeat([s.sample_row for s in seqs], ends - starts)
+    # the scheduler puts decoding sequences first: their one query each attends like a decode step (with the
+    # decode kernel; FlashAttention's prefill kernel would spend a whole tile of query rows on each)
+    one = ends - starts == 1
+    num_decode_rows = int(one.argmin()) if not one.all() else len(seqs)
     return StepInput(
         is_prefill=True,
         input_ids=input_ids,
@@ -86,6 +91,7 @@ def prepare_prefill(seqs: list[Sequence], block_size: int, *, keys_from_cache: b
         max_seqlen_q=int((ends - starts).max()),
         max_seqlen_k=int(ends.max()),
         num_seqs=len(seqs),
+        num_decode_rows=num_decode_rows if cached else 0,
         src=pending_sources(input_ids, rows),
     )
 

@@ -72,23 +72,38 @@ class Attention(nn.Module):
         k_cache, v_cache = self.k_cache, self.v_cache
         if context.is_prefill:
             if context.block_tables is not None:  # keys come from the cache: q is shorter than k
-                return attention_backend.prefill_paged(
-                    backend,
-                    q,
-                    k_cache,
-                    v_cache,
-                    cu_seqlens_q=context.cu_seqlens_q,
-                    cu_seqlens_k=context.cu_seqlens_k,
-                    max_seqlen_q=context.max_seqlen_q,
-                    max_seqlen_k=context.max_seqlen_k,
-                    context_lens=context.context_lens,
-                    block_tables=self.tables(backend, context),
-                    scale=self.scale,
-                )
+                return self.attend_paged(backend, q, context)
             return attention_backend.prefill(backend, q, k, v, context.cu_seqlens_q, context.max_seqlen_q, self.scale)
         return attention_backend.decode(
             backend, q, k_cache, v_cache, context.context_lens, self.tables(backend, context), self.scale
         )
+
+    def attend_paged(self, backend: str, q: torch.Tensor, context: Context) -> torch.Tensor:
+        """A prefill over the cache -> (N, H, D). Its first `num_decode_rows` rows (sequences that decode while
+        others prefill: one query each) run the decode kernel, the rest the prefill kernel."""
+        d, tables = context.num_decode_rows, self.tables(backend, context)
+        k_cache, v_cache = self.k_cache, self.v_cache
+        if d:
+            decoded = attention_backend.decode(
+                backend, q[:d], k_cache, v_cache, context.context_lens[:d], tables[:d], self.scale
+            )
+            if d == q.shape[0]:  # every row has one query
+                return decoded
+        rows = context.prefill_rows(tables)
+        out = attention_backend.prefill_paged(
+            backend,
+            q[d:],
+            k_cache,
+            v_cache,
+            cu_seqlens_q=rows.cu_seqlens_q,
+            cu_seqlens_k=rows.cu_seqlens_k,
+            max_seqlen_q=context.max_seqlen_q,  # the step's longest: a bound for any of its rows
+            max_seqlen_k=context.max_seqlen_k,
+            context_lens=rows.context_lens,
+            block_tables=rows.block_tables,
+            scale=self.scale,
+        )
+        return torch.cat([decoded, out]) if d else out  # (d + rest, H, D)
 
     @staticmethod
     def tables(backend: str, context: Context) -> torch.Tensor:

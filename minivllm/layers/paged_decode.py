@@ -15,10 +15,12 @@ import triton.language as tl
 from minivllm.utils import pdl
 
 
-# The split count is a runtime argument that Triton must not specialise on (by default it compiles a variant
-# per integer that is 1 or a multiple of 16): one compiled kernel for split and one for unsplit launches, not
-# one per split count (each compile costs ~1 s on a machine with no Triton cache; benchmarks/NOTES.md).
-@triton.jit(do_not_specialize=["num_splits"])
+# The split count and the table stride are runtime arguments that Triton must not specialise on (by default it
+# compiles a variant per integer that is 1 or a multiple of 16): one compiled kernel for split and one for
+# unsplit launches, not one per split count (each compile costs ~1 s on a machine with no Triton cache;
+# benchmarks/NOTES.md), and the decode rows of a prefill step (block tables as wide as that step's longest)
+# run the kernel the decode graphs compiled (tables as wide as max_model_len).
+@triton.jit(do_not_specialize=["num_splits", "table_stride"])
 def paged_decode_kernel(
     q_ptr,
     k_cache_ptr,

@@ -19,7 +19,9 @@ class Context:
     slot_mapping: torch.Tensor | None = None  # (num_tokens,) int32, cache slot per new token, -1 = skip
     context_lens: torch.Tensor | None = None  # (num_seqs,) int32, tokens in cache after this step
     block_tables: torch.Tensor | None = None  # (num_seqs, max_blocks) int32, -1 padded
+    num_decode_rows: int = 0  # prefill over the cache: its first rows have one query each (attended as decode)
     _page_table: torch.Tensor | None = None
+    _prefill_rows: "PrefillRows | None" = None
 
     def page_table(self) -> torch.Tensor | None:
         """block_tables with the -1 padding mapped to block 0 (for kernels that read every entry), made on
@@ -27,6 +29,32 @@ class Context:
         if self._page_table is None and self.block_tables is not None:
             self._page_table = self.block_tables.clamp(min=0)
         return self._page_table
+
+    def prefill_rows(self, tables: torch.Tensor) -> "PrefillRows":
+        """The rows after the first num_decode_rows, the ones the prefill kernel takes. `tables`: the step's
+        block tables as the backend reads them (block_tables or page_table()). With decode rows first, in fresh
+        tensors (kernels get aligned copies, not views at an odd offset), made once and shared by every layer."""
+        d = self.num_decode_rows
+        if d == 0:
+            return PrefillRows(self.cu_seqlens_q, self.cu_seqlens_k, self.context_lens, tables)
+        if self._prefill_rows is None:
+            self._prefill_rows = PrefillRows(
+                cu_seqlens_q=self.cu_seqlens_q[d:] - d,
+                cu_seqlens_k=self.cu_seqlens_k[d:] - self.cu_seqlens_k[d],
+                context_lens=self.context_lens[d:].clone(),
+                block_tables=tables[d:].clone(),
+            )
+        return self._prefill_rows
+
+
+@dataclass(slots=True)
+class PrefillRows:
+    """A prefill step's rows after its decode rows: offsets from 0 again."""
+
+    cu_seqlens_q: torch.Tensor  # (rows + 1,) int32
+    cu_seqlens_k: torch.Tensor  # (rows + 1,) int32
+    context_lens: torch.Tensor  # (rows,) int32
+    block_tables: torch.Tensor  # (rows, max_blocks) int32
 
 
 _local = threading.local()
@@ -49,6 +77,7 @@ def set_context(
     slot_mapping: torch.Tensor | None = None,
     context_lens: torch.Tensor | None = None,
     block_tables: torch.Tensor | None = None,
+    num_decode_rows: int = 0,
 ) -> None:
     _local.context = Context(
         is_prefill=is_prefill,
@@ -59,6 +88,7 @@ def set_context(
         slot_mapping=slot_mapping,
         context_lens=context_lens,
         block_tables=block_tables,
+        num_decode_rows=num_decode_rows,
     )
 
 
