@@ -7,21 +7,16 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from minivllm.utils import pdl
 from minivllm.utils.compile import compiled, runs_triton
 
 
 @triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, I, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    if PDL:  # launched while the gate/up matmul ends; wait for its output (utils/pdl.py)
-        pdl.wait()
+def _silu_mul_kernel(x_ptr, out_ptr, I, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # grid (rows, column blocks of the I outputs)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < I
     gate = tl.load(x_ptr + row * 2 * I + cols, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * 2 * I + I + cols, mask=mask, other=0.0)
-    if PDL:
-        pdl.launch_dependents()
     g = gate.to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(gate.dtype)  # F.silu: in fp32, rounded to the input's dtype
     tl.store(out_ptr + row * I + cols, (act.to(tl.float32) * up.to(tl.float32)).to(gate.dtype), mask=mask)
@@ -34,9 +29,7 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(rows.shape[0], I, dtype=x.dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(I))
     if rows.shape[0]:
-        _silu_mul_kernel[(rows.shape[0], triton.cdiv(I, block))](
-            rows, out, I, BLOCK=block, PDL=pdl.enabled(x), **pdl.launch_kwargs(x)
-        )
+        _silu_mul_kernel[(rows.shape[0], triton.cdiv(I, block))](rows, out, I, BLOCK=block)
     return out.view(*x.shape[:-1], I)
 
 

@@ -6,7 +6,6 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from minivllm.utils import pdl
 from minivllm.utils.compile import compiled, runs_triton
 
 
@@ -31,10 +30,7 @@ def _rms_norm_kernel(
     H: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
-    PDL: tl.constexpr,
 ):
-    if PDL:  # launched while the kernel before (a matmul) ends; wait for its output (utils/pdl.py)
-        pdl.wait()
     row = tl.program_id(0).to(tl.int64)  # one program per row (token) of H values
     offs = tl.arange(0, BLOCK)  # BLOCK = next power of 2 >= H
     mask = offs < H
@@ -42,8 +38,6 @@ def _rms_norm_kernel(
     if HAS_RESIDUAL:  # the add in fp32; the new residual is the sum in the input's dtype
         x += tl.load(residual_ptr + row * H + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(residual_out_ptr + row * H + offs, x.to(residual_out_ptr.dtype.element_ty), mask=mask)
-    if PDL:
-        pdl.launch_dependents()
     var = tl.sum(x * x, axis=0) / H
     y = (x * tl.rsqrt(var + eps)).to(residual_out_ptr.dtype.element_ty)  # cast before the weight, as rms_norm
     w = tl.load(w_ptr + offs, mask=mask)
@@ -70,8 +64,6 @@ def rms_norm_triton(
             H=H,
             BLOCK=triton.next_power_of_2(H),
             HAS_RESIDUAL=residual is not None,
-            PDL=pdl.enabled(x),
-            **pdl.launch_kwargs(x),
         )
     if residual is None:
         return out.view(x.shape)
