@@ -3,6 +3,7 @@ the prefill over the cache warmed up at start-up must work for every engine shap
 longer than one block (no prefix can be cached then)."""
 
 import pytest
+import torch
 
 from minivllm import LLM, SamplingParams
 
@@ -122,6 +123,11 @@ def test_gpu_fa4_prefill_over_the_cache_equals_its_fresh_path(gpu_bf16_qwen3):
     assert outputs[True] == outputs[False]
 
 
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="a CPU engine through the Triton interpreter, which minivllm turns on only without CUDA (on a GPU the "
+    "kernels refuse CPU tensors); there test_gpu_nothing_compiles_after_start covers the warm-up",
+)
 def test_warmup_prefill_stores_into_a_stand_in_cache_and_restores_the_layers(tiny_qwen3):
     """The GPU warm-up (engine/warmup.py), run on CPU through the Triton kernels: its prefill hands the layers
     a one-block stand-in cache with every slot -1 (so the kernels compile their storing variant) and the
