@@ -96,7 +96,7 @@ def main() -> None:
 
     # the workload as it runs: its first steps (prefill chunks with the running sequences' decode rows), twice
     modes = [False, True] + ["cprofile"] * args.cprofile + ["gc", "gc-frozen"] * args.gc
-    pauses: list[tuple[int, float]] = []  # (generation, seconds) of each collection while a "gc" mode runs
+    pauses: list[tuple[int, float]] = []  # (generation, seconds) of each collection in the mode that runs
     started: list[float] = []
 
     def on_gc(phase: str, info: dict) -> None:
@@ -105,6 +105,8 @@ def main() -> None:
         elif started:
             pauses.append((info["generation"], time.perf_counter() - started.pop()))
 
+    if args.gc:
+        gc.callbacks.append(on_gc)  # for both gc modes; each mode starts from an empty list
     for profiled in modes:
         if profiled == "gc-frozen":
             gc.collect()
@@ -115,8 +117,6 @@ def main() -> None:
         for rid, p, sp in zip(ids, prompts, sampling):
             llm.add_request(rid, p, sp)
         start = len(llm.step_log)
-        if profiled == "gc":
-            gc.callbacks.append(on_gc)
         host = cProfile.Profile() if profiled == "cprofile" else None
         with profile(activities=[ACTIVITY]) if profiled is True else host or nullcontext() as prof:
             for _ in range(args.steps):
