@@ -444,6 +444,35 @@ def test_workers_exit_when_the_driver_is_killed(tiny_qwen3):
 
 
 @pytest.mark.gpu
+def test_gpu_graphs_captured_without_their_own_warm_up_equal_eager(tiny_qwen3):
+    """Capture runs an eager warm-up only for the first batch size of each kernel variant (model_runner.py
+    capture_cudagraph). Batches that replay the other sizes' graphs (up to 64 sequences: sizes 16-64, with the
+    tiny model's one split count there, share a variant) must decode the same greedy tokens as eager steps."""
+    from minivllm.engine.cuda_graphs import graph_batch_sizes
+    from minivllm.layers.paged_decode import num_splits
+
+    prompts = [
+        torch.randint(1, 512, (1 + (5 * i) % 37,), generator=torch.Generator().manual_seed(i)).tolist()
+        for i in range(64)
+    ]
+    kw = dict(device="cuda", dtype="float32", max_model_len=128, max_num_seqs=64, num_kvcache_blocks=256)
+    runs = {}
+    for eager in (True, False):
+        llm = LLM(tiny_qwen3, enforce_eager=eager, **kw)
+        if not eager:
+            hkv = llm.config.hf_config.num_key_value_heads
+            sizes = graph_batch_sizes(64)
+            assert sorted(llm.model_runner.graphs.graphs) == sizes
+            variants = [(num_splits(bs, hkv), bs == 1) for bs in sizes]
+            assert len(set(variants)) < len(sizes)  # some sizes were captured without a warm-up of their own
+        runs[eager] = [
+            [o.token_ids for o in llm.generate(prompts[:n], GREEDY, use_tqdm=False)] for n in (64, 40, 20, 3)
+        ]
+        llm.exit()
+    assert runs[True] == runs[False]
+
+
+@pytest.mark.gpu
 def test_gpu_graph_steps_equal_eager_steps_greedy_and_sampled(tiny_qwen3, hf):
     """fp32 on CUDA: with CUDA graphs the sampler runs inside the graph from a device-side seed; with the same
     seed, graphs and eager steps must draw the same tokens (greedy, and at temperature 0.8), and greedy must

@@ -70,3 +70,37 @@ def test_graph_path_mixed_batch_keeps_greedy_rows(tiny_qwen3):
         llm.exit()
     assert [out[i].token_ids for i in (0, 2, 4)] == [expected[i] for i in (0, 2, 4)]
     assert [len(out[i].token_ids) for i in (1, 3)] == [12, 12]
+
+
+def test_capture_warms_up_only_the_first_size_of_each_variant(monkeypatch):
+    """DecodeGraphs.capture runs the step eagerly before capturing a size only when the size's variant is new
+    (largest size first); every size is captured once. Capture itself is faked here (no GPU)."""
+    import contextlib
+
+    import torch
+
+    class FakeGraph:
+        def pool(self):
+            return "pool"
+
+    capturing = []
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+    @contextlib.contextmanager
+    def graph(g, pool=None):
+        capturing.append(True)
+        yield
+        capturing.pop()
+
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    calls = []
+    graphs = DecodeGraphs(max_num_seqs=64, hidden_size=1, dtype=torch.float32, device=torch.device("cpu"))
+    graphs.capture(lambda bs: calls.append((bs, bool(capturing))), variant=lambda bs: (bs <= 8, bs == 1))
+    warmed = [bs for bs, in_capture in calls if not in_capture]
+    captured = [bs for bs, in_capture in calls if in_capture]
+    assert captured == [64, 48, 32, 16, 8, 4, 2, 1]  # largest first, each once
+    assert warmed == [64, 8, 1]  # the first size of each variant
+    calls.clear()
+    graphs.capture(lambda bs: calls.append((bs, bool(capturing))))  # default: every size warms up
+    assert [bs for bs, c in calls if not c] == [bs for bs, c in calls if c] == [64, 48, 32, 16, 8, 4, 2, 1]

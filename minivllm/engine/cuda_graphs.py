@@ -7,7 +7,7 @@ device buffer (`step_inputs.DecodeLayout`) that the runner refreshes before each
 up to the next captured size (padding rows write nothing and attend to nothing). Graphs share one memory
 pool, captured largest first so the smaller ones fit in its blocks."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 import torch
 
@@ -30,12 +30,16 @@ class DecodeGraphs:
         return next(b for b in self.batch_sizes if b >= bs)
 
     @torch.inference_mode()
-    def capture(self, step: Callable[[int], None]) -> None:
-        """Capture `step(bs)` (which reads the decode buffer and writes `outputs[:bs]`) for every batch size."""
-        pool = None
+    def capture(self, step: Callable[[int], None], variant: Callable[[int], Hashable] = lambda bs: bs) -> None:
+        """Capture `step(bs)` (which reads the decode buffer and writes `outputs[:bs]`) for every batch size.
+        A size first runs `step` eagerly (kernels compile there, not inside the capture) only when `variant(bs)`
+        is new: sizes with the same variant launch the same compiled kernels (the default warms up every size)."""
+        pool, seen = None, set()
         for bs in reversed(self.batch_sizes):
             graph = torch.cuda.CUDAGraph()
-            step(bs)  # warm-up: compile, autotune, allocate outside the graph
+            if variant(bs) not in seen:
+                step(bs)  # warm-up: compile, autotune, allocate outside the graph
+                seen.add(variant(bs))
             with torch.cuda.graph(graph, pool):
                 step(bs)
             pool = pool or graph.pool()

@@ -24,6 +24,7 @@ from minivllm.engine.tp_workers import Reporter, Workers
 from minivllm.layers import attention_backend, cpu_linear
 from minivllm.layers.attention import Attention
 from minivllm.layers.logprobs import LogprobsTensors
+from minivllm.layers.paged_decode import num_splits
 from minivllm.layers.sampler import Sampler
 from minivllm.models.qwen3 import Qwen3ForCausalLM
 from minivllm.utils.context import reset_context, set_context
@@ -266,7 +267,11 @@ class ModelRunner:
             max_num_seqs=self.config.max_num_seqs, hidden_size=hf.hidden_size, dtype=self.dtype, device=self.device
         )
         self.buffers.clear_decode()
-        self.graphs.capture(self.decode_step)
+        # batch sizes launch the same compiled kernels unless the decode attention's split count differs (its
+        # split and combine kernels) or the batch is 1 (Triton specialises integer arguments equal to 1): only the
+        # first size of each such variant runs an eager warm-up before its capture (benchmarks/NOTES.md change 25)
+        kv_heads = hf.num_key_value_heads // self.world_size
+        self.graphs.capture(self.decode_step, variant=lambda bs: (num_splits(bs, kv_heads), bs == 1))
 
     def decode_step(self, bs: int) -> None:
         """What the decode graph of batch `bs` runs. With one GPU the whole step: feed the previous step's
