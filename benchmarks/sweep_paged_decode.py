@@ -5,9 +5,12 @@ triton.testing.do_bench medians (L2 flushed), bytes = K and V of every context o
 --grid: instead of the tiles, the split count and the order of the programs (batch or KV heads fastest) at the
 default tiles, on the batches and contexts of the benchmark's phases (from 256 sequences of 100-1,500 tokens
 down to 8 of 1,200-2,048).
+--chunks: split counts x how a sequence's keys are cut (even parts of its context, the engine's way, or
+`fixed_chunks`: runs of the table's width / splits keys), on block tables as wide as a decode graph's.
 
   python benchmarks/sweep_paged_decode.py --out benchmarks/results/sweep_paged_decode.json
   python benchmarks/sweep_paged_decode.py --grid --out benchmarks/results/sweep_paged_decode_grid.json
+  python benchmarks/sweep_paged_decode.py --chunks --out sweep_paged_decode_chunks.json
 """
 
 import argparse
@@ -48,11 +51,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="sweep_paged_decode.json")
     ap.add_argument("--grid", action="store_true", help="sweep split counts and program order, not tiles")
+    ap.add_argument("--chunks", action="store_true", help="sweep split counts x even or fixed-size chunks")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("sweep_paged_decode.py times the Triton kernel on a GPU; none here")
     if args.grid:
         return sweep_grid(args.out)
+    if args.chunks:
+        return sweep_chunks(args.out)
     configs = list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4)))  # block_n, num_warps, num_stages
     rows = []
     for (B, lo, hi), longest_first in itertools.product(SCENARIOS, (False, True)):
@@ -124,6 +130,48 @@ def sweep_grid(out: str) -> None:
         print(
             f"B={B:3d} ctx {lo}-{hi}: engine (splits {row['engine_splits']}) {now:7.1f} us "
             f"({row['engine_TBps']} TB/s)  best {best} {times[best]:7.1f} us ({row['best_TBps']} TB/s)\n   "
+            + " ".join(f"{key}:{t}" for key, t in row["all_us"].items()),
+            flush=True,
+        )
+    save_json(dict(rows=rows), out)
+
+
+def sweep_chunks(out: str, max_model_len: int = 4096) -> None:
+    """Split counts x how a sequence's keys are cut: into `splits` equal parts of its context (the engine's way),
+    or into fixed chunks of the table's width / splits (every program at most that many keys, the programs past
+    the context idle), on block tables as wide as a decode graph's (max_model_len), per phase of the benchmark."""
+    rows = []
+    width = max_model_len // PAGE
+    for B, lo, hi in PHASES:
+        q, k, v, lens, tables = inputs(B, lo, hi, longest_first=False)
+        tables = torch.cat([tables, tables[:, :1].expand(B, width - tables.shape[1])], dim=1).contiguous()
+        ref = paged_decode_attention(q.float(), k.float(), v.float(), lens, tables, D**-0.5)
+        nbytes = 2 * int(lens.sum()) * HKV * D * 2
+        times = {}
+        for splits, fixed in itertools.product(sorted({1, 2, 4, 8, 16, num_splits(B, HKV)}), (False, True)):
+            if splits == 1 and fixed:
+                continue
+            fn = lambda: paged_decode(q, k, v, lens, tables, D**-0.5, splits=splits, fixed_chunks=fixed)
+            err = (fn().float() - ref).abs().max().item()
+            assert err < 2e-2, f"splits {splits} fixed {fixed}: max abs diff {err}"
+            times[splits, fixed] = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+        now = times[num_splits(B, HKV), False]
+        best = min(times, key=times.get)
+        row = dict(
+            batch=B,
+            ctx=[lo, hi],
+            engine_splits=num_splits(B, HKV),
+            engine_us=round(now, 1),
+            engine_TBps=round(nbytes / now / 1e6, 2),
+            best=f"{best[0]}/{'fixed' if best[1] else 'even'}",
+            best_us=round(times[best], 1),
+            best_TBps=round(nbytes / times[best] / 1e6, 2),
+            all_us={f"{s}/{'fixed' if f else 'even'}": round(t, 1) for (s, f), t in times.items()},
+        )
+        rows.append(row)
+        print(
+            f"B={B:3d} ctx {lo}-{hi}: engine (splits {row['engine_splits']}) {now:7.1f} us "
+            f"({row['engine_TBps']} TB/s)  best {row['best']} {times[best]:7.1f} us ({row['best_TBps']} TB/s)\n   "
             + " ".join(f"{key}:{t}" for key, t in row["all_us"].items()),
             flush=True,
         )

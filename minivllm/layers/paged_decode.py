@@ -20,7 +20,7 @@ from minivllm.utils import pdl
 # unsplit launches, not one per split count (each compile costs ~1 s on a machine with no Triton cache;
 # benchmarks/NOTES.md), and the decode rows of a prefill step (block tables as wide as that step's longest)
 # run the kernel the decode graphs compiled (tables as wide as max_model_len).
-@triton.jit(do_not_specialize=["num_splits", "table_stride"])
+@triton.jit(do_not_specialize=["num_splits", "table_stride", "chunk_tokens"])
 def paged_decode_kernel(
     q_ptr,
     k_cache_ptr,
@@ -32,6 +32,7 @@ def paged_decode_kernel(
     scale,
     table_stride,
     num_splits,
+    chunk_tokens,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     D: tl.constexpr,
@@ -61,8 +62,9 @@ def paged_decode_kernel(
         mask=(g[:, None] < GROUP) & (d[None, :] < D),
         other=0.0,
     )  # (BLOCK_G, BLOCK_D)
-    # this split's keys: [start, end), a multiple of BLOCK_N long
-    chunk = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
+    # this split's keys: [start, end), a multiple of BLOCK_N long: the context cut into num_splits parts, or with
+    # chunk_tokens > 0 fixed parts of that many keys (split s takes keys s * chunk_tokens on, whatever the context)
+    chunk = chunk_tokens if chunk_tokens > 0 else tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, ctx)
     m = tl.full((BLOCK_G,), -float("inf"), tl.float32)  # running max of the scores (base 2)
@@ -167,12 +169,16 @@ def paged_decode(
     num_warps: int = 4,
     num_stages: int | None = None,
     heads_fastest: bool = HEADS_FASTEST,
+    fixed_chunks: bool = False,
 ) -> torch.Tensor:
     """q (B, H, D), caches (num_blocks, block_size, Hkv, D), context_lens (B,) int32, block_tables (B, M) int32
     with valid block ids in every entry a context reaches (padding past it is never read) -> (B, H, D).
     block_n / num_warps / num_stages: the launch configuration (default `tile_config`). heads_fastest: programs
     that run side by side read the KV heads of the same tokens (one cache row of Hkv * D values holds them all)
-    instead of one head of many sequences."""
+    instead of one head of many sequences. fixed_chunks: split s takes keys [s * c, (s + 1) * c) with c the
+    table's width x page / splits (rounded up to a tile), instead of the context cut into equal parts: no program
+    gets more than its share of a long context, and the splits past a short one idle (a measurement option,
+    benchmarks/sweep_paged_decode.py --chunks; the engine does not use it yet, NOTES.md part IV)."""
     B, H, D = q.shape
     default_n, default_stages = tile_config(q.dtype, D)
     block_n, num_stages = block_n or default_n, num_stages or default_stages
@@ -198,6 +204,7 @@ def paged_decode(
         scale,
         block_tables.stride(0),
         splits,
+        triton.cdiv(triton.cdiv(block_tables.shape[1] * page, splits), block_n) * block_n if fixed_chunks else 0,
         NUM_KV_HEADS=Hkv,
         GROUP=group,
         D=D,
