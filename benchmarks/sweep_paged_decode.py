@@ -97,85 +97,73 @@ def main() -> None:
     save_json(dict(rows=rows), args.out)
 
 
-def sweep_grid(out: str) -> None:
-    """Split counts x program order at the default tiles, per phase of the benchmark; the time of the engine's
-    choice (num_splits(B), its program order) beside the best."""
+def sweep_phases(out: str, settings, engine, table_width: int | None = None) -> None:
+    """Time paged_decode per phase of the benchmark in each setting (`settings(B)`: label -> keyword arguments),
+    checked against the reference first; the engine's choice (`engine(B)`: its label) beside the best. With
+    `table_width`, block tables as wide as that (a decode graph's: max_model_len / page), padded with valid ids."""
     rows = []
     for B, lo, hi in PHASES:
         q, k, v, lens, tables = inputs(B, lo, hi, longest_first=False)
+        if table_width is not None:
+            pad = tables[:, :1].expand(B, table_width - tables.shape[1])
+            tables = torch.cat([tables, pad], dim=1).contiguous()
         ref = paged_decode_attention(q.float(), k.float(), v.float(), lens, tables, D**-0.5)
         nbytes = 2 * int(lens.sum()) * HKV * D * 2
         times = {}
-        split_counts = sorted({1, 2, 3, 4, 6, 8, 12, 16, num_splits(B, HKV)})
-        for splits, heads_fastest in itertools.product(split_counts, (False, True)):
-            fn = lambda: paged_decode(q, k, v, lens, tables, D**-0.5, splits=splits, heads_fastest=heads_fastest)
+        for label, kwargs in settings(B).items():
+            fn = lambda: paged_decode(q, k, v, lens, tables, D**-0.5, **kwargs)
             err = (fn().float() - ref).abs().max().item()
-            assert err < 2e-2, f"splits {splits} heads_fastest {heads_fastest}: max abs diff {err}"
-            times[splits, heads_fastest] = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
-        now = times[num_splits(B, HKV), HEADS_FASTEST]
-        best = min(times, key=times.get)
+            assert err < 2e-2, f"{label}: max abs diff {err}"
+            times[label] = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+        now, best = times[engine(B)], min(times, key=times.get)
         row = dict(
             batch=B,
             ctx=[lo, hi],
-            engine_splits=num_splits(B, HKV),
+            engine=engine(B),
             engine_us=round(now, 1),
             engine_TBps=round(nbytes / now / 1e6, 2),
-            best_splits=best[0],
-            best_heads_fastest=best[1],
+            best=best,
             best_us=round(times[best], 1),
             best_TBps=round(nbytes / times[best] / 1e6, 2),
-            all_us={f"{s}/{'heads' if h else 'batch'}": round(t, 1) for (s, h), t in times.items()},
+            all_us={label: round(t, 1) for label, t in times.items()},
         )
         rows.append(row)
         print(
-            f"B={B:3d} ctx {lo}-{hi}: engine (splits {row['engine_splits']}) {now:7.1f} us "
-            f"({row['engine_TBps']} TB/s)  best {best} {times[best]:7.1f} us ({row['best_TBps']} TB/s)\n   "
-            + " ".join(f"{key}:{t}" for key, t in row["all_us"].items()),
+            f"B={B:3d} ctx {lo}-{hi}: engine ({row['engine']}) {now:7.1f} us ({row['engine_TBps']} TB/s)  "
+            f"best {best} {times[best]:7.1f} us ({row['best_TBps']} TB/s)\n   "
+            + " ".join(f"{label}:{t}" for label, t in row["all_us"].items()),
             flush=True,
         )
     save_json(dict(rows=rows), out)
+
+
+def sweep_grid(out: str) -> None:
+    """Split counts x program order (batch or KV heads fastest) at the default tiles."""
+
+    def settings(B: int) -> dict:
+        counts = sorted({1, 2, 3, 4, 6, 8, 12, 16, num_splits(B, HKV)})
+        return {
+            f"{s}/{'heads' if h else 'batch'}": dict(splits=s, heads_fastest=h)
+            for s, h in itertools.product(counts, (False, True))
+        }
+
+    sweep_phases(out, settings, lambda B: f"{num_splits(B, HKV)}/{'heads' if HEADS_FASTEST else 'batch'}")
 
 
 def sweep_chunks(out: str, max_model_len: int = 4096) -> None:
     """Split counts x how a sequence's keys are cut: into `splits` equal parts of its context (the engine's way),
     or into fixed chunks of the table's width / splits (every program at most that many keys, the programs past
-    the context idle), on block tables as wide as a decode graph's (max_model_len), per phase of the benchmark."""
-    rows = []
-    width = max_model_len // PAGE
-    for B, lo, hi in PHASES:
-        q, k, v, lens, tables = inputs(B, lo, hi, longest_first=False)
-        tables = torch.cat([tables, tables[:, :1].expand(B, width - tables.shape[1])], dim=1).contiguous()
-        ref = paged_decode_attention(q.float(), k.float(), v.float(), lens, tables, D**-0.5)
-        nbytes = 2 * int(lens.sum()) * HKV * D * 2
-        times = {}
-        for splits, fixed in itertools.product(sorted({1, 2, 4, 8, 16, num_splits(B, HKV)}), (False, True)):
-            if splits == 1 and fixed:
-                continue
-            fn = lambda: paged_decode(q, k, v, lens, tables, D**-0.5, splits=splits, fixed_chunks=fixed)
-            err = (fn().float() - ref).abs().max().item()
-            assert err < 2e-2, f"splits {splits} fixed {fixed}: max abs diff {err}"
-            times[splits, fixed] = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
-        now = times[num_splits(B, HKV), False]
-        best = min(times, key=times.get)
-        row = dict(
-            batch=B,
-            ctx=[lo, hi],
-            engine_splits=num_splits(B, HKV),
-            engine_us=round(now, 1),
-            engine_TBps=round(nbytes / now / 1e6, 2),
-            best=f"{best[0]}/{'fixed' if best[1] else 'even'}",
-            best_us=round(times[best], 1),
-            best_TBps=round(nbytes / times[best] / 1e6, 2),
-            all_us={f"{s}/{'fixed' if f else 'even'}": round(t, 1) for (s, f), t in times.items()},
-        )
-        rows.append(row)
-        print(
-            f"B={B:3d} ctx {lo}-{hi}: engine (splits {row['engine_splits']}) {now:7.1f} us "
-            f"({row['engine_TBps']} TB/s)  best {row['best']} {times[best]:7.1f} us ({row['best_TBps']} TB/s)\n   "
-            + " ".join(f"{key}:{t}" for key, t in row["all_us"].items()),
-            flush=True,
-        )
-    save_json(dict(rows=rows), out)
+    the context idle), on block tables as wide as a decode graph's (max_model_len)."""
+
+    def settings(B: int) -> dict:
+        counts = sorted({1, 2, 4, 8, 16, num_splits(B, HKV)})
+        return {
+            f"{s}/{'fixed' if f else 'even'}": dict(splits=s, fixed_chunks=f)
+            for s, f in itertools.product(counts, (False, True))
+            if s > 1 or not f
+        }
+
+    sweep_phases(out, settings, lambda B: f"{num_splits(B, HKV)}/even", table_width=max_model_len // PAGE)
 
 
 if __name__ == "__main__":
