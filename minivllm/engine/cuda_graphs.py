@@ -37,9 +37,9 @@ class DecodeGraphs:
         pool, seen = None, set()
         for bs in reversed(self.batch_sizes):
             graph = torch.cuda.CUDAGraph()
-            if variant(bs) not in seen:
+            if (key := variant(bs)) not in seen:
                 step(bs)  # warm-up: compile, autotune, allocate outside the graph
-                seen.add(variant(bs))
+                seen.add(key)
             with torch.cuda.graph(graph, pool):
                 step(bs)
             pool = pool or graph.pool()

@@ -270,7 +270,7 @@ class ModelRunner:
         # batch sizes launch the same compiled kernels unless the decode attention's split count differs (its
         # split and combine kernels) or the batch is 1 (Triton specialises integer arguments equal to 1): only the
         # first size of each such variant runs an eager warm-up before its capture (benchmarks/NOTES.md change 25)
-        kv_heads = hf.num_key_value_heads // self.world_size
+        kv_heads = self.attn_layers[0].num_kv_heads  # this rank's, as the decode kernel sees them
         self.graphs.capture(self.decode_step, variant=lambda bs: (num_splits(bs, kv_heads), bs == 1))
 
     def decode_step(self, bs: int) -> None:
