@@ -36,6 +36,7 @@ CACHE_ENV = {  # where each compiler keeps its on-disk cache
     "TRITON_CACHE_DIR": "triton",
     "TORCHINDUCTOR_CACHE_DIR": "inductor",
     "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": "flash_attention_cute",
+    "CUDA_CACHE_PATH": "cuda_driver",  # the driver's cache of PTX it compiled for this GPU, whoever loaded the PTX
 }
 QUESTIONS = [
     "What is the capital of France?",

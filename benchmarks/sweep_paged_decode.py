@@ -5,12 +5,13 @@ triton.testing.do_bench medians (L2 flushed), bytes = K and V of every context o
 --grid: instead of the tiles, the split count and the order of the programs (batch or KV heads fastest) at the
 default tiles, on the batches and contexts of the benchmark's phases (from 256 sequences of 100-1,500 tokens
 down to 8 of 1,200-2,048).
---chunks: split counts x how a sequence's keys are cut (even parts of its context, the engine's way, or
-`fixed_chunks`: runs of the table's width / splits keys), on block tables as wide as a decode graph's.
+--graph (with --grid): time what a decode graph runs instead of one call between L2 flushes: the
+calls of all 28 layers (each its own K/V cache) captured in one CUDA graph, per layer. Single calls of a few tens
+of microseconds read bimodally from run to run (NOTES.md part V); the graph's replays do not.
 
   python benchmarks/sweep_paged_decode.py --out benchmarks/results/sweep_paged_decode.json
   python benchmarks/sweep_paged_decode.py --grid --out benchmarks/results/sweep_paged_decode_grid.json
-  python benchmarks/sweep_paged_decode.py --chunks --out sweep_paged_decode_chunks.json
+  python benchmarks/sweep_paged_decode.py --grid --graph --out sweep_paged_decode_grid_graph.json
 """
 
 import argparse
@@ -27,6 +28,8 @@ H, HKV, D, PAGE = 16, 8, 128, 256
 SCENARIOS = [(256, 600, 600), (256, 100, 1500), (128, 300, 1800), (64, 500, 2000), (16, 1000, 2000)]  # B, ctx lo, hi
 PHASES = [(256, 100, 1500), (128, 300, 1800), (96, 400, 1900), (64, 500, 2000), (32, 700, 2000), (16, 1000, 2000)]
 PHASES += [(8, 1200, 2048), (1, 1500, 2048)]
+LAYERS = 28  # Qwen3-0.6B's
+MAX_MODEL_LEN = 4096  # the benchmark's: a decode graph's block tables are MAX_MODEL_LEN / PAGE wide
 
 
 def inputs(B, lo, hi, longest_first):
@@ -51,14 +54,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="sweep_paged_decode.json")
     ap.add_argument("--grid", action="store_true", help="sweep split counts and program order, not tiles")
-    ap.add_argument("--chunks", action="store_true", help="sweep split counts x even or fixed-size chunks")
+    ap.add_argument("--graph", action="store_true", help="time 28 layers' calls replayed in one CUDA graph")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("sweep_paged_decode.py times the Triton kernel on a GPU; none here")
     if args.grid:
-        return sweep_grid(args.out)
-    if args.chunks:
-        return sweep_chunks(args.out)
+        return sweep_grid(args.out, graph=args.graph)
     configs = list(itertools.product((32, 64, 128), (4, 8), (2, 3, 4)))  # block_n, num_warps, num_stages
     rows = []
     for (B, lo, hi), longest_first in itertools.product(SCENARIOS, (False, True)):
@@ -97,10 +98,20 @@ def main() -> None:
     save_json(dict(rows=rows), args.out)
 
 
-def sweep_phases(out: str, settings, engine, table_width: int | None = None) -> None:
+def time_in_graph(q, k, v, lens, tables, kwargs) -> float:
+    """Microseconds per layer of LAYERS paged_decode calls, each over its own copy of the caches, replayed in one
+    CUDA graph (the KV bytes of all layers together far exceed the L2, so every call reads DRAM as a step does)."""
+    caches = [(k, v)] + [(torch.randn_like(k), torch.randn_like(v)) for _ in range(LAYERS - 1)]
+    step = lambda: [paged_decode(q, kc, vc, lens, tables, D**-0.5, **kwargs) for kc, vc in caches]
+    ms = triton.testing.do_bench_cudagraph(step, rep=100, return_mode="median")
+    return ms * 1e3 / LAYERS
+
+
+def sweep_phases(out: str, settings, engine, table_width: int | None = None, graph: bool = False) -> None:
     """Time paged_decode per phase of the benchmark in each setting (`settings(B)`: label -> keyword arguments),
     checked against the reference first; the engine's choice (`engine(B)`: its label) beside the best. With
-    `table_width`, block tables as wide as that (a decode graph's: max_model_len / page), padded with valid ids."""
+    `table_width`, block tables as wide as that (a decode graph's: max_model_len / page), padded with valid ids.
+    With `graph`, per-layer times of LAYERS calls in one CUDA graph (time_in_graph)."""
     rows = []
     for B, lo, hi in PHASES:
         q, k, v, lens, tables = inputs(B, lo, hi, longest_first=False)
@@ -114,7 +125,10 @@ def sweep_phases(out: str, settings, engine, table_width: int | None = None) -> 
             fn = lambda: paged_decode(q, k, v, lens, tables, D**-0.5, **kwargs)
             err = (fn().float() - ref).abs().max().item()
             assert err < 2e-2, f"{label}: max abs diff {err}"
-            times[label] = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+            if graph:
+                times[label] = time_in_graph(q, k, v, lens, tables, kwargs)
+            else:
+                times[label] = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
         now, best = times[engine(B)], min(times, key=times.get)
         row = dict(
             batch=B,
@@ -134,10 +148,10 @@ def sweep_phases(out: str, settings, engine, table_width: int | None = None) -> 
             + " ".join(f"{label}:{t}" for label, t in row["all_us"].items()),
             flush=True,
         )
-    save_json(dict(rows=rows), out)
+    save_json(dict(rows=rows, graph=graph), out)
 
 
-def sweep_grid(out: str) -> None:
+def sweep_grid(out: str, graph: bool = False) -> None:
     """Split counts x program order (batch or KV heads fastest) at the default tiles."""
 
     def settings(B: int) -> dict:
@@ -147,23 +161,8 @@ def sweep_grid(out: str) -> None:
             for s, h in itertools.product(counts, (False, True))
         }
 
-    sweep_phases(out, settings, lambda B: f"{num_splits(B, HKV)}/{'heads' if HEADS_FASTEST else 'batch'}")
-
-
-def sweep_chunks(out: str, max_model_len: int = 4096) -> None:
-    """Split counts x how a sequence's keys are cut: into `splits` equal parts of its context (the engine's way),
-    or into fixed chunks of the table's width / splits (every program at most that many keys, the programs past
-    the context idle), on block tables as wide as a decode graph's (max_model_len)."""
-
-    def settings(B: int) -> dict:
-        counts = sorted({1, 2, 4, 8, 16, num_splits(B, HKV)})
-        return {
-            f"{s}/{'fixed' if f else 'even'}": dict(splits=s, fixed_chunks=f)
-            for s, f in itertools.product(counts, (False, True))
-            if s > 1 or not f
-        }
-
-    sweep_phases(out, settings, lambda B: f"{num_splits(B, HKV)}/even", table_width=max_model_len // PAGE)
+    engine = lambda B: f"{num_splits(B, HKV)}/{'heads' if HEADS_FASTEST else 'batch'}"
+    sweep_phases(out, settings, engine, table_width=MAX_MODEL_LEN // PAGE if graph else None, graph=graph)
 
 
 if __name__ == "__main__":

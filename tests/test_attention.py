@@ -205,21 +205,17 @@ def test_triton_decode_matches_reference(dtype, splits, heads_fastest, heads, kv
     assert (out[-1] == 0).all()
 
 
-@pytest.mark.parametrize("splits", [2, 5])
-def test_triton_decode_fixed_chunks_match_reference(splits):
-    """fixed_chunks: each split takes a fixed run of keys sized by the table's width (as wide as a decode graph's:
-    extra columns here), so the splits past a short context have nothing to do; the same result as the reference."""
-    from minivllm.layers.paged_decode import paged_decode
+def test_num_splits_rule():
+    """The decode split count stays within what the combine kernel holds, never rises as the batch grows (a larger
+    batch has more programs of its own), and leaves the batches that fill the GPU unsplit."""
+    from minivllm.engine.cuda_graphs import graph_batch_sizes
+    from minivllm.layers.paged_decode import MAX_SPLITS, num_splits
 
-    heads, kv_heads, block_size, lens = TRITON_CASES[-1]
-    _, k, v, _ = ragged(lens, heads, kv_heads, torch.float32)
-    num_blocks, tables, slots = paged_layout(lens, block_size, shuffle=True)
-    k_cache, v_cache = make_cache(num_blocks, block_size, kv_heads, torch.float32, k, v, slots)
-    tables = torch.cat([tables, torch.full((tables.shape[0], 7), -1, dtype=tables.dtype, device=DEVICE)], dim=1)
-    ctx = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    q = torch.randn(len(lens), heads, HEAD_DIM, generator=torch.Generator().manual_seed(5)).to(DEVICE)
-    out = paged_decode(q, k_cache, v_cache, ctx, tables.clamp(min=0), HEAD_DIM**-0.5, splits=splits, fixed_chunks=True)
-    assert_close(out, decode_reference(q, k, v, lens, HEAD_DIM**-0.5), dtype=torch.float32)
+    for kv_heads in (2, 4, 8):
+        counts = [num_splits(bs, kv_heads) for bs in graph_batch_sizes(512)]
+        assert all(1 <= c <= MAX_SPLITS for c in counts)
+        assert counts == sorted(counts, reverse=True), (kv_heads, counts)
+        assert counts[0] == MAX_SPLITS and counts[-1] == 1
 
 
 @pytest.mark.gpu

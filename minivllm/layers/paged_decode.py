@@ -20,7 +20,7 @@ from minivllm.utils import pdl
 # unsplit launches, not one per split count (each compile costs ~1 s on a machine with no Triton cache;
 # benchmarks/NOTES.md), and the decode rows of a prefill step (block tables as wide as that step's longest)
 # run the kernel the decode graphs compiled (tables as wide as max_model_len).
-@triton.jit(do_not_specialize=["num_splits", "table_stride", "chunk_tokens"])
+@triton.jit(do_not_specialize=["num_splits", "table_stride"])
 def paged_decode_kernel(
     q_ptr,
     k_cache_ptr,
@@ -32,7 +32,6 @@ def paged_decode_kernel(
     scale,
     table_stride,
     num_splits,
-    chunk_tokens,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     D: tl.constexpr,
@@ -62,9 +61,8 @@ def paged_decode_kernel(
         mask=(g[:, None] < GROUP) & (d[None, :] < D),
         other=0.0,
     )  # (BLOCK_G, BLOCK_D)
-    # this split's keys: [start, end), a multiple of BLOCK_N long: the context cut into num_splits parts, or with
-    # chunk_tokens > 0 fixed parts of that many keys (split s takes keys s * chunk_tokens on, whatever the context)
-    chunk = chunk_tokens if chunk_tokens > 0 else tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
+    # this split's keys: [start, end), the context cut into num_splits parts of a multiple of BLOCK_N keys
+    chunk = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, ctx)
     m = tl.full((BLOCK_G,), -float("inf"), tl.float32)  # running max of the scores (base 2)
@@ -144,9 +142,15 @@ HEADS_FASTEST = True
 
 
 def num_splits(batch: int, num_kv_heads: int, max_splits: int = MAX_SPLITS) -> int:
-    """Enough programs for ~2 per SM of an H200 (132 SMs); a function of the batch only, so a CUDA graph
-    captured for a batch size keeps it whatever the context lengths."""
-    return max(1, min(max_splits, triton.cdiv(264, batch * num_kv_heads)))
+    """How many parts each sequence's context is cut into; a function of the batch only, so a CUDA graph captured
+    for a batch size keeps it whatever the context lengths. Measured on the H200 with all 28 layers' calls in one
+    CUDA graph (sweep_paged_decode.py --grid --graph, benchmarks/NOTES.md change 26):
+    - up to 768 (sequence, KV head) pairs (batch 96 at 8 KV heads), at least 4: even where the programs fill the
+      GPU, the contexts of a batch differ by up to 4x and the longest unsplit sequences set the kernel's time
+      (batch 64: 96.6 us unsplit, 88.9 in 4 parts); under 96 pairs more, for ~3 programs per SM (132 SMs);
+    - above that, unsplit: the many programs even themselves out, and splitting only adds the combine."""
+    pairs = batch * num_kv_heads
+    return 1 if pairs > 768 else min(max_splits, max(4, triton.cdiv(384, pairs)))
 
 
 def tile_config(dtype: torch.dtype, head_dim: int) -> tuple[int, int]:
@@ -169,16 +173,12 @@ def paged_decode(
     num_warps: int = 4,
     num_stages: int | None = None,
     heads_fastest: bool = HEADS_FASTEST,
-    fixed_chunks: bool = False,
 ) -> torch.Tensor:
     """q (B, H, D), caches (num_blocks, block_size, Hkv, D), context_lens (B,) int32, block_tables (B, M) int32
     with valid block ids in every entry a context reaches (padding past it is never read) -> (B, H, D).
     block_n / num_warps / num_stages: the launch configuration (default `tile_config`). heads_fastest: programs
     that run side by side read the KV heads of the same tokens (one cache row of Hkv * D values holds them all)
-    instead of one head of many sequences. fixed_chunks: split s takes keys [s * c, (s + 1) * c) with c the
-    table's width x page / splits (rounded up to a tile), instead of the context cut into equal parts: no program
-    gets more than its share of a long context, and the splits past a short one idle (a measurement option,
-    benchmarks/sweep_paged_decode.py --chunks; the engine does not use it yet, NOTES.md part IV)."""
+    instead of one head of many sequences."""
     B, H, D = q.shape
     default_n, default_stages = tile_config(q.dtype, D)
     block_n, num_stages = block_n or default_n, num_stages or default_stages
@@ -204,7 +204,6 @@ def paged_decode(
         scale,
         block_tables.stride(0),
         splits,
-        triton.cdiv(triton.cdiv(block_tables.shape[1] * page, splits), block_n) * block_n if fixed_chunks else 0,
         NUM_KV_HEADS=Hkv,
         GROUP=group,
         D=D,
