@@ -72,6 +72,7 @@ def one_process(args) -> dict:
     llm = LLM(args.model, tensor_parallel_size=args.tp, enforce_eager=args.enforce_eager, max_model_len=4096)
     init_s = time.perf_counter() - t
     init_compiles = [[name, round(s, 3)] for name, s in zip(counter.triton_kernels, counter.triton_seconds)]
+    init_keys = [[name, key] for name, key in zip(counter.triton_kernels, counter.triton_keys)]
     t = time.perf_counter()
     llm.generate(["Benchmark: "], SamplingParams(temperature=1.0, max_tokens=64), use_tqdm=False)
     short_s = time.perf_counter() - t
@@ -109,6 +110,7 @@ def one_process(args) -> dict:
         short_prompt_s=short_s,
         startup_phases=llm.model_runner.startup_seconds,
         init_triton_compiles=init_compiles,  # [kernel, seconds] of each Triton compile (or cache load) in init
+        init_triton_keys=init_keys,  # [kernel, what Triton specialised that compile on]
         runs=runs,
         floor=floor,
         backend=llm.model_runner.backend,

@@ -10,6 +10,9 @@ class CompileCounter:
         self.triton = 0
         self.triton_kernels: list[str] = []  # the name of each Triton kernel compiled, in order
         self.triton_seconds: list[float] = []  # and how long each took (a load from the on-disk cache included)
+        # and what it was specialised on (Triton's cache key: argument types, alignments, constants): two
+        # compiles of one kernel differ here, which says why a second variant was needed
+        self.triton_keys: list[str] = []
         try:
             from triton.runtime.jit import JITFunction
 
@@ -18,6 +21,7 @@ class CompileCounter:
             def counted(fn_self, *args, **kwargs):
                 self.triton += 1
                 self.triton_kernels.append(getattr(fn_self, "__name__", "?"))
+                self.triton_keys.append(str(args[0]) if args else "?")  # _do_compile(key, signature, ...)
                 t = time.perf_counter()
                 try:
                     return original(fn_self, *args, **kwargs)
