@@ -224,3 +224,22 @@ def test_attention_compile_thread_makes_the_warmup_prefills_call(tiny_qwen3, mon
     assert len(calls) == layers + 1
     assert calls[-1] == calls[0]
     llm.exit()
+
+
+def test_compile_counter_records_each_triton_compile_and_its_specialisation(monkeypatch):
+    """bench.py's record of init: the counter wraps Triton's compile entry point and keeps, per compile, the
+    kernel's name, its seconds and the key Triton compiled it for (what tells two variants of one kernel apart)."""
+    from types import SimpleNamespace
+
+    from triton.runtime.jit import JITFunction
+
+    from minivllm.testing.compile_counter import CompileCounter
+
+    monkeypatch.setattr(JITFunction, "_do_compile", lambda self, key, *args: f"kernel for {key}")
+    counter = CompileCounter()
+    kernel = SimpleNamespace(__name__="toy_kernel")
+    assert JITFunction._do_compile(kernel, "[('*bf16', 'D')]", None) == "kernel for [('*bf16', 'D')]"
+    assert JITFunction._do_compile(kernel, "[('*fp32', 'D')]", None) == "kernel for [('*fp32', 'D')]"
+    assert counter.triton == 2 and counter.triton_kernels == ["toy_kernel", "toy_kernel"]
+    assert counter.triton_keys == ["[('*bf16', 'D')]", "[('*fp32', 'D')]"]
+    assert len(counter.triton_seconds) == 2
