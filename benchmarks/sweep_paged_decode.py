@@ -98,42 +98,45 @@ def main() -> None:
     save_json(dict(rows=rows), args.out)
 
 
-def time_in_graph(q, k, v, lens, tables, kwargs) -> float:
-    """Microseconds per layer of LAYERS paged_decode calls, each over its own copy of the caches, replayed in one
+def time_in_graph(q, caches, lens, tables, kwargs) -> float:
+    """Microseconds per layer of one paged_decode call per layer cache in `caches` (LAYERS of them), replayed in one
     CUDA graph (the KV bytes of all layers together far exceed the L2, so every call reads DRAM as a step does)."""
-    caches = [(k, v)] + [(torch.randn_like(k), torch.randn_like(v)) for _ in range(LAYERS - 1)]
     step = lambda: [paged_decode(q, kc, vc, lens, tables, D**-0.5, **kwargs) for kc, vc in caches]
     ms = triton.testing.do_bench_cudagraph(step, rep=100, return_mode="median")
-    return ms * 1e3 / LAYERS
+    return ms * 1e3 / len(caches)
 
 
-def sweep_phases(out: str, settings, engine, table_width: int | None = None, graph: bool = False) -> None:
-    """Time paged_decode per phase of the benchmark in each setting (`settings(B)`: label -> keyword arguments),
-    checked against the reference first; the engine's choice (`engine(B)`: its label) beside the best. With
-    `table_width`, block tables as wide as that (a decode graph's: max_model_len / page), padded with valid ids.
-    With `graph`, per-layer times of LAYERS calls in one CUDA graph (time_in_graph)."""
+def sweep_grid(out: str, graph: bool = False) -> None:
+    """Split counts x program order (batch or KV heads fastest) at the default tiles, per phase of the benchmark,
+    each checked against the reference first; the engine's choice (num_splits(B), its program order) beside the
+    best. With `graph`, per-layer times of LAYERS calls in one CUDA graph (time_in_graph) over block tables as
+    wide as a decode graph's (MAX_MODEL_LEN / PAGE, padded with valid ids)."""
     rows = []
     for B, lo, hi in PHASES:
         q, k, v, lens, tables = inputs(B, lo, hi, longest_first=False)
-        if table_width is not None:
-            pad = tables[:, :1].expand(B, table_width - tables.shape[1])
+        if graph:
+            pad = tables[:, :1].expand(B, MAX_MODEL_LEN // PAGE - tables.shape[1])
             tables = torch.cat([tables, pad], dim=1).contiguous()
+            caches = [(k, v)] + [(torch.randn_like(k), torch.randn_like(v)) for _ in range(LAYERS - 1)]
         ref = paged_decode_attention(q.float(), k.float(), v.float(), lens, tables, D**-0.5)
         nbytes = 2 * int(lens.sum()) * HKV * D * 2
+        counts = sorted({1, 2, 3, 4, 6, 8, 12, 16, num_splits(B, HKV)})
         times = {}
-        for label, kwargs in settings(B).items():
+        for splits, heads in itertools.product(counts, (False, True)):
+            label, kwargs = f"{splits}/{'heads' if heads else 'batch'}", dict(splits=splits, heads_fastest=heads)
             fn = lambda: paged_decode(q, k, v, lens, tables, D**-0.5, **kwargs)
             err = (fn().float() - ref).abs().max().item()
             assert err < 2e-2, f"{label}: max abs diff {err}"
             if graph:
-                times[label] = time_in_graph(q, k, v, lens, tables, kwargs)
+                times[label] = time_in_graph(q, caches, lens, tables, kwargs)
             else:
                 times[label] = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
-        now, best = times[engine(B)], min(times, key=times.get)
+        engine = f"{num_splits(B, HKV)}/{'heads' if HEADS_FASTEST else 'batch'}"
+        now, best = times[engine], min(times, key=times.get)
         row = dict(
             batch=B,
             ctx=[lo, hi],
-            engine=engine(B),
+            engine=engine,
             engine_us=round(now, 1),
             engine_TBps=round(nbytes / now / 1e6, 2),
             best=best,
@@ -149,20 +152,6 @@ def sweep_phases(out: str, settings, engine, table_width: int | None = None, gra
             flush=True,
         )
     save_json(dict(rows=rows, graph=graph), out)
-
-
-def sweep_grid(out: str, graph: bool = False) -> None:
-    """Split counts x program order (batch or KV heads fastest) at the default tiles."""
-
-    def settings(B: int) -> dict:
-        counts = sorted({1, 2, 3, 4, 6, 8, 12, 16, num_splits(B, HKV)})
-        return {
-            f"{s}/{'heads' if h else 'batch'}": dict(splits=s, heads_fastest=h)
-            for s, h in itertools.product(counts, (False, True))
-        }
-
-    engine = lambda B: f"{num_splits(B, HKV)}/{'heads' if HEADS_FASTEST else 'batch'}"
-    sweep_phases(out, settings, engine, table_width=MAX_MODEL_LEN // PAGE if graph else None, graph=graph)
 
 
 if __name__ == "__main__":
