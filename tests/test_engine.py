@@ -446,10 +446,10 @@ def test_workers_exit_when_the_driver_is_killed(tiny_qwen3):
 @pytest.mark.gpu
 def test_gpu_graphs_captured_without_their_own_warm_up_equal_eager(tiny_qwen3):
     """Capture runs an eager warm-up only for the first batch size of each kernel variant (model_runner.py
-    capture_cudagraph). Batches that replay the other sizes' graphs (up to 64 sequences: sizes 16-64, with the
-    tiny model's one split count there, share a variant) must decode the same greedy tokens as eager steps."""
+    capture_cudagraph). Batches that replay the other sizes' graphs (with the tiny model's two KV heads sizes 2-8
+    share a variant, and 48-64) must decode the same greedy tokens as eager steps."""
     from minivllm.engine.cuda_graphs import graph_batch_sizes
-    from minivllm.layers.paged_decode import num_splits
+    from minivllm.engine.model_runner import decode_graph_variant
 
     prompts = [
         torch.randint(1, 512, (1 + (5 * i) % 37,), generator=torch.Generator().manual_seed(i)).tolist()
@@ -463,7 +463,7 @@ def test_gpu_graphs_captured_without_their_own_warm_up_equal_eager(tiny_qwen3):
             hkv = llm.config.hf_config.num_key_value_heads
             sizes = graph_batch_sizes(64)
             assert sorted(llm.model_runner.graphs.graphs) == sizes
-            variants = [(num_splits(bs, hkv), bs == 1) for bs in sizes]
+            variants = [decode_graph_variant(bs, hkv) for bs in sizes]
             assert len(set(variants)) < len(sizes)  # some sizes were captured without a warm-up of their own
         runs[eager] = [
             [o.token_ids for o in llm.generate(prompts[:n], GREEDY, use_tqdm=False)] for n in (64, 40, 20, 3)

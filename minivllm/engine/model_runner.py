@@ -56,6 +56,13 @@ class StepHandle:
         return tokens, self.logprobs.tolists() if self.logprobs is not None else {}
 
 
+def decode_graph_variant(batch: int, num_kv_heads: int) -> tuple[int, bool]:
+    """Which compiled kernels a decode graph of `batch` sequences launches: the same for two batch sizes unless
+    the decode attention's split count differs (its split and combine kernels) or one of them is 1 (Triton
+    specialises integer arguments equal to 1)."""
+    return num_splits(batch, num_kv_heads), batch == 1
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -267,11 +274,9 @@ class ModelRunner:
             max_num_seqs=self.config.max_num_seqs, hidden_size=hf.hidden_size, dtype=self.dtype, device=self.device
         )
         self.buffers.clear_decode()
-        # batch sizes launch the same compiled kernels unless the decode attention's split count differs (its
-        # split and combine kernels) or the batch is 1 (Triton specialises integer arguments equal to 1): only the
-        # first size of each such variant runs an eager warm-up before its capture (benchmarks/NOTES.md change 25)
+        # only the first size of each kernel variant runs an eager warm-up before its capture (NOTES.md change 25)
         kv_heads = self.attn_layers[0].num_kv_heads  # this rank's, as the decode kernel sees them
-        self.graphs.capture(self.decode_step, variant=lambda bs: (num_splits(bs, kv_heads), bs == 1))
+        self.graphs.capture(self.decode_step, variant=lambda bs: decode_graph_variant(bs, kv_heads))
 
     def decode_step(self, bs: int) -> None:
         """What the decode graph of batch `bs` runs. With one GPU the whole step: feed the previous step's
