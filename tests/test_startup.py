@@ -2,6 +2,8 @@
 the prefill over the cache warmed up at start-up must work for every engine shape, including a context no
 longer than one block (no prefix can be cached then)."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -105,6 +107,49 @@ def test_gpu_nothing_compiles_after_start(gpu_bf16_qwen3):
     llm.exit()
 
 
+HELPER_PROCESS = """
+import json, sys
+from minivllm import LLM, SamplingParams
+from minivllm.engine import attention_compile
+spawned = attention_compile._helper is not None  # started by the import above
+from flash_attn.cute import cache_utils
+exports, export = [], cache_utils.JITPersistentCache._try_export_to_storage
+def recorded(self, key, fn):  # FlashAttention-4 exports each kernel it compiles
+    exports.append(key)
+    return export(self, key, fn)
+cache_utils.JITPersistentCache._try_export_to_storage = recorded
+llm = LLM(sys.argv[1], max_model_len=1024, max_num_batched_tokens=256, num_kvcache_blocks=64, dtype="bfloat16")
+phases = list(llm.model_runner.startup_seconds)
+outs = llm.generate([[5, 6, 7] * 50, [8] * 700], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+print(json.dumps(dict(spawned=spawned, phases=phases, exports=len(exports), tokens=[o.token_ids for o in outs])))
+llm.exit()
+"""
+
+
+@pytest.mark.gpu
+def test_gpu_helper_process_compiles_the_kernel_prefills_run(gpu_bf16_qwen3, tmp_path):
+    """On an empty FlashAttention-4 disk cache, importing `minivllm.LLM` starts the helper process, the engine
+    sends it the stand-in and waits for it before sizing the KV cache; the kernel it put on disk is the one the
+    engine's attention warm-up and its prefills (short, chunked) then run: this process compiles none."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cache = tmp_path / "fa4"
+    env = dict(os.environ, FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=str(cache), FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="1")
+    env.pop("MINIVLLM_ATTENTION_COMPILE", None)
+    out = subprocess.run(
+        [sys.executable, "-c", HELPER_PROCESS, gpu_bf16_qwen3], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["spawned"] and "attention_process" in r["phases"], r
+    assert r["exports"] == 0, r  # nothing compiled here: the helper's kernel served every prefill
+    assert len(list(cache.rglob("*.o"))) == 1
+    assert [len(t) for t in r["tokens"]] == [4, 4]
+
+
 @pytest.mark.gpu
 def test_gpu_fa4_prefill_over_the_cache_equals_its_fresh_path(gpu_bf16_qwen3):
     """FlashAttention-4 engines read every prefill's keys through the page table: greedy tokens equal those of
@@ -180,12 +225,12 @@ def test_warmup_prefill_stores_into_a_stand_in_cache_and_restores_the_layers(tin
 
 
 @pytest.mark.parametrize("block_size,max_model_len", [(16, 2048), (256, 4096), (16, 20)])
-def test_attention_compile_thread_makes_the_warmup_prefills_call(tiny_qwen3, monkeypatch, block_size, max_model_len):
-    """FlashAttention-4's kernel compiles on a thread during start-up (warmup.start_attention_compile), over a
+def test_attention_compile_ahead_makes_the_warmup_prefills_call(tiny_qwen3, monkeypatch, block_size, max_model_len):
+    """FlashAttention-4's kernel compiles ahead during start-up (engine/attention_compile.py), over a
     stand-in cache; it must be the kernel warmup_attention's prefill then runs, so the stand-in must make the
     layers' call: the same dtypes, head counts, page size, tokens, batch and which arguments are given (what
     the kernel's compile key is made of). Both calls recorded with the torch backend on CPU."""
-    from minivllm.engine import warmup
+    from minivllm.engine import attention_compile
     from minivllm.layers import attention_backend
 
     calls, prefill_paged = [], attention_backend.prefill_paged
@@ -220,9 +265,112 @@ def test_attention_compile_thread_makes_the_warmup_prefills_call(tiny_qwen3, mon
     runner.warmup_attention()
     layers = len(runner.attn_layers)
     assert len(calls) == layers and len(set(calls)) == 1
-    warmup.stand_in_prefill_attention(runner.config, runner.device, runner.dtype, backend="torch")
+    stand_in = attention_compile.StandIn.of(runner.config)
+    attention_compile.stand_in_prefill_attention(stand_in, runner.device, runner.dtype, backend="torch")
     assert len(calls) == layers + 1
     assert calls[-1] == calls[0]
+    llm.exit()
+
+
+def test_attention_compile_helper_process_runs_the_stand_in_and_reports_failure(tiny_qwen3):
+    """The helper process (`python3 -m minivllm.engine.attention_compile`) imports, then gets the stand-in as a
+    JSON line on its stdin and runs it: here with the torch backend on CPU, where it must exit cleanly; a backend
+    it cannot run (FlashAttention-4 on CPU) makes wait() warn with the exit code and the helper's output (the
+    runner then compiles in its own warm-up), not hang or raise; an engine that exits stops its helper."""
+    from minivllm.engine import attention_compile
+
+    llm = LLM(tiny_qwen3, device="cpu", num_kvcache_blocks=8)
+    config, cpu = llm.model_runner.config, torch.device("cpu")
+    ok = attention_compile.start(config, cpu, torch.float32, "process", backend="torch")
+    assert ok.where == "process" and ok.process is not None
+    assert attention_compile.claim_helper() is None  # the engine's own, no one else's
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ok.wait()
+    assert ok.process is None
+    bad = attention_compile.start(config, cpu, torch.float32, "process")  # backend="fa4"
+    with pytest.warns(UserWarning, match="(?s)compile process exited with 1.*Error"):
+        bad.wait()
+    slow = attention_compile.start(config, cpu, torch.float32, "process", backend="torch")
+    slow.cancel()
+    assert slow.process is None
+    llm.exit()
+
+
+def test_unclaimed_helper_exits_on_its_own(monkeypatch):
+    """A helper no engine asks for exits once its idle time is up, and one whose engine's process closed its
+    stdin exits at once: neither is left behind. An exited helper is not claimed."""
+    from minivllm.engine import attention_compile
+
+    idle = attention_compile.spawn_helper(idle_s=0.5)
+    monkeypatch.setattr(attention_compile, "_helper", idle)
+    assert idle.process.wait(timeout=120) == 0
+    assert attention_compile.claim_helper() is None  # it had exited
+    closed = attention_compile.spawn_helper(idle_s=600)
+    monkeypatch.setattr(attention_compile, "_helper", closed)
+    assert attention_compile.claim_helper() is closed
+    assert attention_compile.claim_helper() is None  # one engine's only
+    closed.process.stdin.close()
+    assert closed.process.wait(timeout=120) == 0
+    closed.log.close()
+
+
+def test_helper_starts_where_a_first_engine_would_compile(monkeypatch, tmp_path):
+    """`minivllm.llm`'s import starts a helper only with CUDA and FlashAttention-4 installed, a bare disk cache,
+    and not inside a helper."""
+    from minivllm.engine import attention_compile
+
+    spawned = []
+    monkeypatch.setattr(attention_compile, "spawn_helper", lambda: spawned.append(1))
+    monkeypatch.setattr(attention_compile, "_helper", None)
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(tmp_path))
+    (tmp_path / "kernel.o").write_bytes(b"kernel")
+    attention_compile.start_helper()  # no CUDA here
+    monkeypatch.setattr(attention_compile.torch.cuda, "is_available", lambda: True)
+    attention_compile.start_helper()  # no FlashAttention-4 here (find_spec raises: no flash_attn package)
+    monkeypatch.setattr(attention_compile, "fa4_installed", lambda: True)
+    attention_compile.start_helper()  # the disk cache holds a kernel: a thread will load it
+    (tmp_path / "kernel.o").unlink()
+    monkeypatch.setenv(attention_compile.HELPER_ENV, "1")
+    attention_compile.start_helper()  # a helper starts none of its own
+    assert spawned == []
+    monkeypatch.delenv(attention_compile.HELPER_ENV)
+    attention_compile.start_helper()  # a bare disk cache: the helper starts
+    assert spawned == [1]
+
+
+def test_where_the_attention_kernel_compiles(tiny_qwen3, monkeypatch, tmp_path):
+    """ "auto": this process's helper while FlashAttention-4's disk cache holds no kernel, else a thread; the
+    switch can force either or turn both off; nothing ahead where FlashAttention-4 will not be the backend."""
+    from types import SimpleNamespace
+
+    from minivllm.engine import attention_compile
+    from minivllm.utils import switches
+
+    monkeypatch.setattr(attention_compile, "_helper", None)
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(tmp_path))
+    llm = LLM(tiny_qwen3, device="cpu", num_kvcache_blocks=8)
+    runner = llm.model_runner
+    assert runner.attention_compile is None  # CPU
+    config, gpu = runner.config, torch.device("cuda", 0)
+    assert attention_compile.where_to_compile(config, runner.device, torch.bfloat16, "auto") is None
+    monkeypatch.setattr(attention_compile, "fa4_expected", lambda device, dtype, name: True)
+    assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, "auto") == "thread"  # no helper
+    waiting = SimpleNamespace(process=SimpleNamespace(poll=lambda: None))
+    monkeypatch.setattr(attention_compile, "_helper", waiting)
+    assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, "auto") == "process"
+    (tmp_path / "fingerprint").mkdir()
+    (tmp_path / "fingerprint" / "0123.lock").touch()  # a lock alone is no kernel
+    assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, "auto") == "process"
+    (tmp_path / "fingerprint" / "0123.o").write_bytes(b"kernel")
+    assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, "auto") == "thread"
+    for mode in ("process", "thread"):
+        assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, mode) == mode
+    assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, "off") is None
+    with pytest.raises(ValueError, match="unknown attention_compile 'later'"):
+        switches.set(attention_compile="later")
     llm.exit()
 
 

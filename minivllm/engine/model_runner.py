@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from minivllm.config import Config
-from minivllm.engine import step_inputs, warmup
+from minivllm.engine import attention_compile, step_inputs, warmup
 from minivllm.engine.cuda_graphs import DecodeGraphs
 from minivllm.engine.kv_cache import GpuMemory, allocate_zeroed, kv_block_bytes, kv_cache_shape, num_kvcache_blocks
 from minivllm.engine.sampling_inputs import SamplingInputs, prepare_sampling, sample_tokens
@@ -88,12 +88,21 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.dtype = config.torch_dtype()
+        # FlashAttention-4's one prefill kernel compiles during load and warm-up (engine/attention_compile.py):
+        # a helper process starts before `select` imports FlashAttention-4 here, a thread after
+        where = attention_compile.where_to_compile(config, self.device, self.dtype, SWITCHES.attention_compile)
+        early = attention_compile.start(config, self.device, self.dtype, "process") if where == "process" else None
         self.backend = attention_backend.select(self.device, self.dtype, config.attention_backend)
         # FlashAttention-4 compiles one kernel per variant it meets (~3-4 s each): keys fresh or read through the
         # page table is one of its distinctions, so with it every prefill reads its keys from the cache (the
         # layer has just written them there) and one variant serves them all (benchmarks/NOTES.md, change 16)
         self.prefill_keys_from_cache = self.backend == "fa4"
-        self.attention_compile = warmup.start_attention_compile(self)  # FA4's kernel compiles during load and warm-up
+        if self.backend != "fa4" and early is not None:
+            early.cancel()  # FlashAttention-4 was expected but did not import
+            early = None
+        if self.backend == "fa4" and where == "thread":
+            early = attention_compile.start(config, self.device, self.dtype, "thread")
+        self.attention_compile: attention_compile.AttentionCompile | None = early
         self.sampler = Sampler(config.seed, self.device)
         self.max_num_blocks = -(-config.max_model_len // self.block_size)
         self.enforce_eager = config.enforce_eager or self.device.type != "cuda"
@@ -112,6 +121,9 @@ class ModelRunner:
             self.checkpoint("loaded the model")
             if self.device.type == "cuda":  # on CPU nothing compiles and the cache has a byte budget
                 self.timed("warmup", self.warmup_model)
+            if self.attention_compile is not None and self.attention_compile.where == "process":
+                # its GPU memory must be gone before the KV cache takes what is left
+                self.timed("attention_process", self.attention_compile.wait)
             self.timed("kv_cache", self.allocate_kv_cache)
             self.checkpoint("allocated the KV cache")
             if self.device.type == "cuda":
@@ -298,6 +310,8 @@ class ModelRunner:
         reset_context()
 
     def exit(self) -> None:
+        if getattr(self, "attention_compile", None) is not None:
+            self.attention_compile.cancel()  # an engine closed during start-up
         for m in getattr(self, "attn_layers", []):  # give the memory back (KV cache, graphs)
             m.k_cache = m.v_cache = torch.tensor([])
         for name in ("graphs", "kv_cache", "model"):

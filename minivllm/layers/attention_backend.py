@@ -40,14 +40,20 @@ def _fa2():
         return None
 
 
+def fa4_cache_env() -> None:
+    """FlashAttention-4 compiles each kernel variant on first use (4-6 s on a bare machine); its own on-disk
+    cache keeps them for the next process. Off by default upstream: on here unless the user set it
+    (benchmarks/NOTES.md). Read when it is imported, so set before (engine/attention_compile.py's helper
+    process inherits it)."""
+    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", os.path.join(cache_root(), "flash_attention_cute"))
+
+
 @lru_cache(None)
 def _fa4():
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
         return None
-    # FlashAttention-4 compiles each kernel variant on first use (2-3 s each); its own on-disk cache keeps them
-    # for the next process. Off by default upstream: on here unless the user set it (benchmarks/NOTES.md).
-    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
-    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", os.path.join(cache_root(), "flash_attention_cute"))
+    fa4_cache_env()
     try:
         from flash_attn.cute import flash_attn_varlen_func
 

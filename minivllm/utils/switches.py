@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
 DECODE_KERNELS = ("triton", "flash")
+ATTENTION_COMPILE = ("auto", "process", "thread", "off")
 
 
 @dataclass(slots=True)
@@ -22,12 +23,14 @@ class Switches:
     compile: bool | None = None  # small ops: None Triton on CUDA, True torch.compile, False eager (compile.py)
     cpu_packed_linear: bool = True  # CPU: linear layers through oneDNN with weights packed at load (cpu_linear.py)
     triton_on_cpu: bool = False  # CPU: run the GPU path's Triton kernels (store, prologue, sampler) interpreted
-    early_attention_compile: bool = True  # GPU start: FlashAttention-4 compiles on a thread during load (warmup.py)
+    attention_compile: str = "auto"  # GPU start: where FlashAttention-4 compiles (engine/attention_compile.py)
 
     def check(self) -> None:
         if self.decode_kernel not in DECODE_KERNELS:
             raise ValueError(f"unknown decode kernel {self.decode_kernel!r}; choose from {DECODE_KERNELS}")
-        for name in ("pdl", "fused_prologue", "cpu_packed_linear", "triton_on_cpu", "early_attention_compile"):
+        if self.attention_compile not in ATTENTION_COMPILE:
+            raise ValueError(f"unknown attention_compile {self.attention_compile!r}; choose from {ATTENTION_COMPILE}")
+        for name in ("pdl", "fused_prologue", "cpu_packed_linear", "triton_on_cpu"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"switch {name} must be True or False, got {getattr(self, name)!r}")
         if self.compile not in (None, True, False):
@@ -40,7 +43,7 @@ def env_name(name: str) -> str:
 
 def _parse(name: str, text: str):
     """An environment value for field `name`: "1"/"0" for flags, "" or "auto" for compile's None."""
-    if name == "decode_kernel":
+    if name in ("decode_kernel", "attention_compile"):
         return text
     if name == "compile" and text in ("", "auto"):
         return None

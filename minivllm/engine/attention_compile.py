@@ -1,0 +1,286 @@
+"""FlashAttention-4's one prefill kernel, compiled ahead of the engine's first prefill (GPU start-up only).
+
+FlashAttention-4 compiles a kernel the first time it meets a variant (~4-6 s on a bare machine); every prefill
+of ours runs one variant (model_runner.py, `prefill_keys_from_cache`). Its compile key holds the dtypes, head
+counts, page size and which arguments are given, not the sizes, so a prefill over a stand-in cache of a few
+blocks compiles the kernel every prefill runs (tests/test_startup.py compares the two calls). That stand-in
+prefill runs while the runner loads the model and compiles its Triton kernels:
+
+- in a helper process, when FlashAttention-4's on-disk cache holds no kernel yet (a bare machine). A helper
+  pays its own imports of torch and FlashAttention-4 (5-9 s on an H200 host), so it is started when
+  `minivllm.llm` is first imported (`start_helper`), where those imports overlap the process's own (transformers,
+  the tokenizer, the engine's set-up); it waits on its stdin until the first engine sends it the stand-in. The
+  runner waits for it before sizing the KV cache (its GPU memory must be gone by then), then loads the kernel
+  from the disk cache. A helper started only once the engine starts took longer than the compile it saved;
+- on a thread, when the disk cache holds kernels (the compile is then a load of ~0.3 s) or no helper is there:
+  the thread shares the interpreter lock, which on a bare machine cost the runner 3.5-6 s of its load
+  (benchmarks/NOTES.md, changes 21 and 27).
+
+The `attention_compile` switch (utils/switches.py, MINIVLLM_ATTENTION_COMPILE) forces either, or "off"
+(`warmup_attention` then compiles on the main thread)."""
+
+import importlib.util
+import json
+import multiprocessing
+import os
+import select
+import subprocess
+import sys
+import tempfile
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from minivllm.layers import attention_backend
+from minivllm.utils.switches import SWITCHES
+
+if TYPE_CHECKING:
+    from minivllm.config import Config
+
+
+def attention_warmup_tokens(config: "Config") -> tuple[int, int, int]:
+    """(cached, new, blocks) of the attention warm-up's one prefill: one block of tokens from the cache (when a
+    prefix can be cached at all), up to 512 new tokens, and the blocks the two fill."""
+    block_size = config.kvcache_block_size
+    cached = block_size if config.max_model_len > block_size else 0  # a cached prefix needs room after it
+    new = min(512, config.max_num_batched_tokens, config.max_model_len - cached)
+    return cached, new, -(-(cached + new) // block_size)
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """The attention warm-up's prefill as FlashAttention-4's compile key sees it: plain numbers, so a helper
+    process gets it as JSON without importing the engine's config (transformers)."""
+
+    heads: int  # this rank's query heads
+    kv_heads: int
+    head_dim: int
+    block_size: int
+    cached: int  # tokens read from the cache
+    new: int  # new tokens (queries)
+    blocks: int
+
+    @classmethod
+    def of(cls, config: "Config") -> "StandIn":
+        hf, tp = config.hf_config, config.tensor_parallel_size
+        cached, new, blocks = attention_warmup_tokens(config)
+        return cls(
+            heads=hf.num_attention_heads // tp,
+            kv_heads=max(1, hf.num_key_value_heads // tp),
+            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads,
+            block_size=config.kvcache_block_size,
+            cached=cached,
+            new=new,
+            blocks=blocks,
+        )
+
+
+@torch.inference_mode()
+def stand_in_prefill_attention(s: StandIn, device: torch.device, dtype: torch.dtype, backend: str = "fa4") -> None:
+    """The attention of warmup_attention's prefill alone, on zeros in a stand-in cache (on a side stream on a
+    GPU): the same call as the layer's, so the same kernel."""
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    with torch.cuda.stream(stream):  # makes the stream's device current too; no-op for None (CPU)
+        q = torch.zeros(s.new, s.heads, s.head_dim, dtype=dtype, device=device)  # (new, H, D)
+        k_cache = torch.zeros(s.blocks, s.block_size, s.kv_heads, s.head_dim, dtype=dtype, device=device)
+        i32 = dict(dtype=torch.int32, device=device)
+        attention_backend.prefill_paged(
+            backend,
+            q,
+            k_cache,
+            torch.zeros_like(k_cache),
+            cu_seqlens_q=torch.tensor([0, s.new], **i32),
+            cu_seqlens_k=torch.tensor([0, s.cached + s.new], **i32),
+            max_seqlen_q=s.new,
+            max_seqlen_k=s.cached + s.new,
+            context_lens=torch.tensor([s.cached + s.new], **i32),
+            block_tables=torch.arange(s.blocks, **i32).view(1, s.blocks),  # (1, blocks)
+            scale=s.head_dim**-0.5,
+        )
+    if stream is not None:
+        stream.synchronize()
+
+
+def disk_cache_holds_kernels() -> bool:
+    """Whether FlashAttention-4's on-disk cache holds any compiled kernel. Any: which file is ours is a hash of
+    its compile key, known only inside its interface. A cache of another model's (or another release's)
+    kernels only sends the compile to a thread, as before this module had a process."""
+    root = os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")
+    return root is not None and any(Path(root).rglob("*.o"))
+
+
+@dataclass
+class AttentionCompile:
+    """A compile under way, on a thread (`future`) or in a helper process (`process`, its output in `log`)."""
+
+    where: str  # "thread" or "process"
+    future: Future | None = None
+    process: subprocess.Popen | None = None
+    log: object = None  # the helper's stdout and stderr (a temporary file)
+
+    def wait(self) -> None:
+        """Until the kernel is compiled (and on disk, from a process). A thread's error raises here; a helper
+        process that failed is a warning: the runner's own attention warm-up then compiles the kernel."""
+        if self.future is not None:
+            self.future.result()
+        if self.process is not None:
+            code = self.process.wait()
+            if code != 0:
+                self.log.seek(0)
+                tail = self.log.read().decode(errors="replace")[-2000:]
+                warnings.warn(
+                    f"the FlashAttention-4 compile process exited with {code}; compiling in this process.\n{tail}",
+                    stacklevel=2,
+                )
+            self.log.close()
+            self.process = None
+
+    def cancel(self) -> None:
+        """Stop a helper process that is no longer wanted (the engine chose another backend, or exits)."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.log.close()
+            self.process = None
+
+
+HELPER_ENV = "MINIVLLM_ATTENTION_HELPER"  # set in a helper's environment: it must not start one of its own
+HELPER_IDLE_S = 300.0  # a helper no engine has asked for by then exits
+
+
+@dataclass
+class Helper:
+    """A helper process that has imported (or is importing) torch and FlashAttention-4 and waits for a stand-in."""
+
+    process: subprocess.Popen
+    log: object
+
+
+_helper: Helper | None = None  # this process's unclaimed helper: the first engine to start takes it
+
+
+def fa4_installed() -> bool:
+    """Whether `flash_attn.cute` can be found, without importing it (find_spec imports only its parent, and
+    raises when there is none)."""
+    try:
+        return importlib.util.find_spec("flash_attn.cute") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def fa4_expected(device: torch.device, dtype: torch.dtype, name: str | None) -> bool:
+    """Whether `attention_backend.select` will choose FlashAttention-4, known without importing it (seconds)."""
+    return (
+        device.type == "cuda"
+        and name in (None, "fa4")
+        and dtype in (torch.float16, torch.bfloat16)
+        and torch.cuda.get_device_capability(device)[0] >= 9
+        and fa4_installed()
+    )
+
+
+def start_helper() -> None:
+    """At `minivllm.llm`'s import: start this process's helper where a first engine would compile FlashAttention-4's
+    kernel: CUDA and FlashAttention-4 installed, its disk cache without a kernel, the switch "auto" or "process",
+    and this is a user's process (not a helper, not a spawned tensor-parallel worker)."""
+    global _helper
+    mode = SWITCHES.attention_compile
+    if (
+        mode not in ("auto", "process")
+        or _helper is not None
+        or os.environ.get(HELPER_ENV)
+        or multiprocessing.parent_process() is not None
+        or not torch.cuda.is_available()
+        or not fa4_installed()
+    ):
+        return
+    attention_backend.fa4_cache_env()  # where its disk cache is, for the helper and this process alike
+    if mode == "auto" and disk_cache_holds_kernels():
+        return
+    _helper = spawn_helper()
+
+
+def spawn_helper(idle_s: float = HELPER_IDLE_S) -> Helper:
+    """A helper process: it imports, then waits on its stdin for one stand-in, `idle_s` seconds at most."""
+    attention_backend.fa4_cache_env()
+    env = dict(os.environ, **{HELPER_ENV: "1"})  # the disk cache's variables included (fa4_cache_env)
+    package_root = str(Path(__file__).resolve().parents[2])  # the directory holding minivllm/
+    env["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in [env.get("PYTHONPATH")] if p])
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (the helper writes it until it exits; wait() closes it)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "minivllm.engine.attention_compile", str(idle_s)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    return Helper(process, log)
+
+
+def claim_helper() -> Helper | None:
+    """This process's helper if it is still waiting (the first engine's), and no other engine's any more."""
+    global _helper
+    helper, _helper = _helper, None
+    if helper is not None and helper.process.poll() is not None:  # it exited: idle too long, or failed
+        helper.log.close()
+        return None
+    return helper
+
+
+def where_to_compile(config: "Config", device: torch.device, dtype: torch.dtype, mode: str) -> str | None:
+    """ "process", "thread" or None (warmup_attention compiles), from the switch's `mode`: "auto" sends the
+    compile to this process's helper when there is one (start_helper: a bare disk cache), else to a thread;
+    nothing ahead unless FlashAttention-4 will be the backend."""
+    if mode == "off" or not fa4_expected(device, dtype, config.attention_backend):
+        return None
+    attention_backend.fa4_cache_env()  # where its disk cache is, before anything imports it
+    if mode != "auto":
+        return mode
+    helper_waiting = _helper is not None and _helper.process.poll() is None
+    return "process" if helper_waiting and not disk_cache_holds_kernels() else "thread"
+
+
+def start(
+    config: "Config", device: torch.device, dtype: torch.dtype, where: str, backend: str = "fa4"
+) -> AttentionCompile:
+    """Start compiling `backend`'s kernel on a thread (after `attention_backend.select` has imported
+    FlashAttention-4) or in this process's helper (a fresh one if none is waiting)."""
+    s = StandIn.of(config)
+    if where == "thread":
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minivllm-attention-compile")
+        future = pool.submit(stand_in_prefill_attention, s, device, dtype, backend)
+        pool.shutdown(wait=False)  # its one thread ends with the job
+        return AttentionCompile("thread", future=future)
+    helper = claim_helper() or spawn_helper()
+    request = dict(stand_in=asdict(s), device=str(device), dtype=str(dtype).removeprefix("torch."), backend=backend)
+    try:
+        helper.process.stdin.write((json.dumps(request) + "\n").encode())
+        helper.process.stdin.close()  # one request; it exits once the kernel is on disk
+    except BrokenPipeError:  # it exited meanwhile: wait() reports how
+        pass
+    return AttentionCompile("process", process=helper.process, log=helper.log)
+
+
+def main(argv: list[str]) -> None:
+    """The helper process: import torch and FlashAttention-4, wait on stdin for one stand-in (JSON), run it
+    (FlashAttention-4 exports the compiled kernel to its disk cache), exit. No request within `argv[0]` seconds,
+    or stdin closed (the engine's process ended), and it exits without compiling."""
+    attention_backend.available("cuda")  # imports FlashAttention-4 (seconds) before the request comes
+    ready, _, _ = select.select([sys.stdin], [], [], float(argv[0]))
+    line = sys.stdin.readline() if ready else ""
+    if not line.strip():
+        return
+    request = json.loads(line)
+    device = torch.device(request["device"])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dtype = getattr(torch, request["dtype"])
+    stand_in_prefill_attention(StandIn(**request["stand_in"]), device, dtype, request["backend"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
