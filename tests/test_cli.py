@@ -174,6 +174,26 @@ def test_without_model_the_embedded_smollm2_answers(capsys):
     assert texts[0].startswith("The capital of France is"), texts  # a tiny random model would not say it
 
 
+def test_the_transformers_script_of_the_cli_benchmark_gives_the_same_answer(capsys):
+    """benchmarks/cli_vs_transformers.py times the README's first command against a transformers script: the
+    comparison holds only if the script does the same work, so its greedy answer (the chat template, up to 32
+    tokens, stopping at EOS) must be the command's answer, word for word."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "cli_vs_transformers.py")
+    spec = importlib.util.spec_from_file_location("cli_vs_transformers", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    model = default_model.default_model_dir()
+    out = subprocess.run(
+        [sys.executable, "-c", bench.TRANSFORMERS_SCRIPT, model, bench.PROMPT], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    printed, texts, counts = run(capsys, bench.PROMPT)
+    assert texts == [out.stdout.strip()]
+    assert counts[1] < 32  # the answer ended at EOS in both, before the script's limit
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
