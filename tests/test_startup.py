@@ -272,85 +272,149 @@ def test_attention_compile_ahead_makes_the_warmup_prefills_call(tiny_qwen3, monk
     llm.exit()
 
 
-def test_attention_compile_helper_process_runs_the_stand_in_and_reports_failure(tiny_qwen3):
+@pytest.fixture
+def fa4_cache(monkeypatch, tmp_path):
+    """FlashAttention-4's disk-cache variables for one test (the module sets them with setdefault)."""
+    from minivllm.engine import attention_compile
+
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(tmp_path / "fa4"))
+    monkeypatch.setattr(attention_compile, "_helper", None)
+    return tmp_path / "fa4"
+
+
+def test_attention_compile_helper_process_runs_the_stand_in_and_reports_failure(tiny_qwen3, fa4_cache, monkeypatch):
     """The helper process (`python3 -m minivllm.engine.attention_compile`) imports, then gets the stand-in as a
     JSON line on its stdin and runs it: here with the torch backend on CPU, where it must exit cleanly; a backend
     it cannot run (FlashAttention-4 on CPU) makes wait() warn with the exit code and the helper's output (the
-    runner then compiles in its own warm-up), not hang or raise; an engine that exits stops its helper."""
+    runner then compiles in its own warm-up), and so does a helper that does not finish in time (then stopped):
+    never a hang or an exception. The waiting helper is taken once."""
     from minivllm.engine import attention_compile
 
     llm = LLM(tiny_qwen3, device="cpu", num_kvcache_blocks=8)
     config, cpu = llm.model_runner.config, torch.device("cpu")
-    ok = attention_compile.start(config, cpu, torch.float32, "process", backend="torch")
-    assert ok.where == "process" and ok.process is not None
-    assert attention_compile.claim_helper() is None  # the engine's own, no one else's
+    waiting = attention_compile.spawn_helper()
+    monkeypatch.setattr(attention_compile, "_helper", waiting)
+    helper = attention_compile.claim_helper()
+    assert helper is waiting and attention_compile.claim_helper() is None  # one engine's only
+    ok = attention_compile.start(config, cpu, torch.float32, "process", backend="torch", helper=helper)
+    assert ok.where == "process" and ok.helper is waiting
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ok.wait()
-    assert ok.process is None
-    bad = attention_compile.start(config, cpu, torch.float32, "process")  # backend="fa4"
-    with pytest.warns(UserWarning, match="(?s)compile process exited with 1.*Error"):
+    assert ok.helper is None and waiting.process.returncode == 0 and waiting.log.closed
+    bad = attention_compile.start(config, cpu, torch.float32, "process")  # a fresh helper, backend="fa4"
+    with pytest.warns(UserWarning, match="(?s)exited with 1.*Error"):
         bad.wait()
     slow = attention_compile.start(config, cpu, torch.float32, "process", backend="torch")
-    slow.cancel()
-    assert slow.process is None
+    process = slow.helper.process
+    with pytest.warns(UserWarning, match="no exit after 0 s"):
+        slow.wait(timeout=0.01)  # still importing
+    assert process.poll() is not None  # stopped
     llm.exit()
 
 
-def test_unclaimed_helper_exits_on_its_own(monkeypatch):
+def test_unclaimed_helper_exits_on_its_own(fa4_cache, monkeypatch):
     """A helper no engine asks for exits once its idle time is up, and one whose engine's process closed its
-    stdin exits at once: neither is left behind. An exited helper is not claimed."""
+    stdin exits at once, both without compiling: neither is left behind. An exited helper is not claimed."""
     from minivllm.engine import attention_compile
 
     idle = attention_compile.spawn_helper(idle_s=0.5)
     monkeypatch.setattr(attention_compile, "_helper", idle)
-    assert idle.process.wait(timeout=120) == 0
-    assert attention_compile.claim_helper() is None  # it had exited
+    assert idle.process.wait(timeout=120) == attention_compile.NO_REQUEST
+    assert attention_compile.claim_helper() is None and idle.log.closed  # it had exited
     closed = attention_compile.spawn_helper(idle_s=600)
-    monkeypatch.setattr(attention_compile, "_helper", closed)
-    assert attention_compile.claim_helper() is closed
-    assert attention_compile.claim_helper() is None  # one engine's only
     closed.process.stdin.close()
-    assert closed.process.wait(timeout=120) == 0
-    closed.log.close()
+    assert closed.process.wait(timeout=120) == attention_compile.NO_REQUEST
+    closed.cancel()
 
 
-def test_helper_starts_where_a_first_engine_would_compile(monkeypatch, tmp_path):
-    """`minivllm.llm`'s import starts a helper only with CUDA and FlashAttention-4 installed, a bare disk cache,
-    and not inside a helper."""
+def test_an_engine_stops_the_helper_it_does_not_use(tiny_qwen3, fa4_cache, monkeypatch):
+    """The helper serves the first engine that starts: one that compiles no FlashAttention-4 kernel (a CPU engine
+    here) stops it, and one whose start-up fails after sending it the stand-in stops it too; neither leaves it
+    compiling beside the next engine's KV-cache sizing."""
     from minivllm.engine import attention_compile
+    from minivllm.engine.model_runner import ModelRunner
+    from minivllm.layers import attention_backend
 
+    unused = attention_compile.spawn_helper()
+    monkeypatch.setattr(attention_compile, "_helper", unused)
+    LLM(tiny_qwen3, device="cpu", num_kvcache_blocks=8).exit()
+    assert unused.process.poll() is not None and attention_compile._helper is None
+
+    sent = attention_compile.spawn_helper()
+    monkeypatch.setattr(attention_compile, "_helper", sent)
+    monkeypatch.setattr(attention_compile, "fa4_expected", lambda device, dtype, name: True)
+    monkeypatch.setattr(attention_backend, "select", lambda device, dtype, name: "fa4")
+
+    def fails(self):
+        assert self.attention_compile.helper is sent  # the stand-in went to the helper
+        raise RuntimeError("the checkpoint is broken")
+
+    monkeypatch.setattr(ModelRunner, "load_model", fails)
+    with pytest.raises(RuntimeError, match="the checkpoint is broken"):
+        LLM(tiny_qwen3, device="cpu", num_kvcache_blocks=8)
+    assert sent.process.poll() is not None and sent.process.stdin.closed and sent.log.closed
+
+
+def test_helper_starts_where_a_first_engine_would_compile(fa4_cache, monkeypatch):
+    """`minivllm.llm`'s import starts a helper only in a user's process (not a helper, not a spawned worker) with
+    CUDA and FlashAttention-4 installed and its disk cache on and without a kernel ("auto"), or on ("process")."""
+    from minivllm.engine import attention_compile
+    from minivllm.utils import switches
+
+    def no_flash_attn(name):
+        raise ModuleNotFoundError("No module named 'flash_attn'")  # what find_spec does without the package
+
+    with monkeypatch.context() as m:
+        m.setattr(attention_compile.importlib.util, "find_spec", no_flash_attn)
+        assert attention_compile.fa4_installed() is False  # an answer, not an error
     spawned = []
     monkeypatch.setattr(attention_compile, "spawn_helper", lambda: spawned.append(1))
-    monkeypatch.setattr(attention_compile, "_helper", None)
-    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
-    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(tmp_path))
-    (tmp_path / "kernel.o").write_bytes(b"kernel")
-    attention_compile.start_helper()  # no CUDA here
     monkeypatch.setattr(attention_compile.torch.cuda, "is_available", lambda: True)
-    attention_compile.start_helper()  # no FlashAttention-4 here (find_spec raises: no flash_attn package)
     monkeypatch.setattr(attention_compile, "fa4_installed", lambda: True)
-    attention_compile.start_helper()  # the disk cache holds a kernel: a thread will load it
-    (tmp_path / "kernel.o").unlink()
-    monkeypatch.setenv(attention_compile.HELPER_ENV, "1")
-    attention_compile.start_helper()  # a helper starts none of its own
-    assert spawned == []
-    monkeypatch.delenv(attention_compile.HELPER_ENV)
-    attention_compile.start_helper()  # a bare disk cache: the helper starts
-    assert spawned == [1]
+
+    def starts(**change) -> bool:
+        """Whether start_helper spawns, with every condition met but `change` (a monkeypatch each)."""
+        spawned.clear()
+        with monkeypatch.context() as m:
+            for name, value in change.items():
+                if name == "env":
+                    m.setenv(*value)
+                else:
+                    m.setattr(*value)
+            attention_compile.start_helper()
+        return spawned == [1]
+
+    with switches.override(attention_compile="auto"):
+        assert starts()
+        assert not starts(cuda=(attention_compile.torch.cuda, "is_available", lambda: False))
+        assert not starts(fa4=(attention_compile, "fa4_installed", lambda: False))
+        assert not starts(env=(attention_compile.HELPER_ENV, "1"))  # a helper starts none of its own
+        worker = (attention_compile.multiprocessing, "parent_process", lambda: object())
+        assert not starts(worker=worker)  # a spawned tensor-parallel worker neither
+        assert not starts(env=("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "0"))  # its kernel would be lost
+        assert not starts(helper=(attention_compile, "_helper", object()))  # one is there
+        fa4_cache.mkdir(parents=True)
+        (fa4_cache / "kernel.o").write_bytes(b"kernel")
+        assert not starts()  # the disk cache holds a kernel: a thread will load it
+    with switches.override(attention_compile="process"):
+        assert starts()  # forced, kernel or not
+    for mode in ("thread", "off"):
+        with switches.override(attention_compile=mode):
+            assert not starts()
 
 
-def test_where_the_attention_kernel_compiles(tiny_qwen3, monkeypatch, tmp_path):
-    """ "auto": this process's helper while FlashAttention-4's disk cache holds no kernel, else a thread; the
-    switch can force either or turn both off; nothing ahead where FlashAttention-4 will not be the backend."""
+def test_where_the_attention_kernel_compiles(tiny_qwen3, fa4_cache, monkeypatch):
+    """ "auto": this process's helper while it waits, exports where the engine looks and FlashAttention-4's disk
+    cache holds no kernel, else a thread; the switch can force either or turn both off; nothing ahead where
+    FlashAttention-4 will not be the backend."""
     from types import SimpleNamespace
 
     from minivllm.engine import attention_compile
     from minivllm.utils import switches
 
-    monkeypatch.setattr(attention_compile, "_helper", None)
-    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
-    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(tmp_path))
+    tmp_path = fa4_cache
     llm = LLM(tiny_qwen3, device="cpu", num_kvcache_blocks=8)
     runner = llm.model_runner
     assert runner.attention_compile is None  # CPU
@@ -358,10 +422,15 @@ def test_where_the_attention_kernel_compiles(tiny_qwen3, monkeypatch, tmp_path):
     assert attention_compile.where_to_compile(config, runner.device, torch.bfloat16, "auto") is None
     monkeypatch.setattr(attention_compile, "fa4_expected", lambda device, dtype, name: True)
     assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, "auto") == "thread"  # no helper
-    waiting = SimpleNamespace(process=SimpleNamespace(poll=lambda: None))
+    waiting = SimpleNamespace(waiting=lambda: True, cache_dir=str(tmp_path))
     monkeypatch.setattr(attention_compile, "_helper", waiting)
     assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, "auto") == "process"
-    (tmp_path / "fingerprint").mkdir()
+    with monkeypatch.context() as m:
+        m.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(tmp_path / "elsewhere"))  # moved since it started
+        assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, "auto") == "thread"
+        m.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "0")
+        assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, "auto") == "thread"
+    (tmp_path / "fingerprint").mkdir(parents=True)
     (tmp_path / "fingerprint" / "0123.lock").touch()  # a lock alone is no kernel
     assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, "auto") == "process"
     (tmp_path / "fingerprint" / "0123.o").write_bytes(b"kernel")

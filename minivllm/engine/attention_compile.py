@@ -12,7 +12,8 @@ prefill runs while the runner loads the model and compiles its Triton kernels:
   the tokenizer, the engine's set-up); it waits on its stdin until the first engine sends it the stand-in. The
   runner waits for it before sizing the KV cache (its GPU memory must be gone by then), then loads the kernel
   from the disk cache. A helper started only once the engine starts took longer than the compile it saved;
-- on a thread, when the disk cache holds kernels (the compile is then a load of ~0.3 s) or no helper is there:
+- on a thread, when the disk cache holds kernels (the compile is then a load of ~0.3 s), is off, or no helper
+  waits (it serves the first engine of a process; an engine that does not use it stops it):
   the thread shares the interpreter lock, which on a bare machine cost the runner 3.5-6 s of its load
   (benchmarks/NOTES.md, changes 21 and 27).
 
@@ -27,6 +28,7 @@ import select
 import subprocess
 import sys
 import tempfile
+import threading
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -113,54 +115,76 @@ def disk_cache_holds_kernels() -> bool:
     return root is not None and any(Path(root).rglob("*.o"))
 
 
-@dataclass
-class AttentionCompile:
-    """A compile under way, on a thread (`future`) or in a helper process (`process`, its output in `log`)."""
-
-    where: str  # "thread" or "process"
-    future: Future | None = None
-    process: subprocess.Popen | None = None
-    log: object = None  # the helper's stdout and stderr (a temporary file)
-
-    def wait(self) -> None:
-        """Until the kernel is compiled (and on disk, from a process). A thread's error raises here; a helper
-        process that failed is a warning: the runner's own attention warm-up then compiles the kernel."""
-        if self.future is not None:
-            self.future.result()
-        if self.process is not None:
-            code = self.process.wait()
-            if code != 0:
-                self.log.seek(0)
-                tail = self.log.read().decode(errors="replace")[-2000:]
-                warnings.warn(
-                    f"the FlashAttention-4 compile process exited with {code}; compiling in this process.\n{tail}",
-                    stacklevel=2,
-                )
-            self.log.close()
-            self.process = None
-
-    def cancel(self) -> None:
-        """Stop a helper process that is no longer wanted (the engine chose another backend, or exits)."""
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait()
-            self.log.close()
-            self.process = None
-
-
 HELPER_ENV = "MINIVLLM_ATTENTION_HELPER"  # set in a helper's environment: it must not start one of its own
 HELPER_IDLE_S = 300.0  # a helper no engine has asked for by then exits
+HELPER_WAIT_S = 600.0  # an engine waits this long for its helper's compile at most
+NO_REQUEST = 3  # a helper's exit status when no request came (idle too long, or its stdin closed)
 
 
 @dataclass
 class Helper:
-    """A helper process that has imported (or is importing) torch and FlashAttention-4 and waits for a stand-in."""
+    """A helper process: it imports torch and FlashAttention-4, then waits on its stdin for one stand-in."""
 
     process: subprocess.Popen
-    log: object
+    log: object  # its stdout and stderr (a temporary file)
+    cache_dir: str  # FlashAttention-4's disk cache it will export to (its environment's)
+
+    def waiting(self) -> bool:
+        return self.process.poll() is None
+
+    def close(self) -> None:
+        for f in (self.process.stdin, self.log):
+            if not f.closed:
+                f.close()
+
+    def cancel(self) -> None:
+        """Stop it (no engine wants its kernel: another backend, or a start-up that failed)."""
+        if self.waiting():
+            self.process.kill()
+        self.process.wait()
+        self.close()
 
 
 _helper: Helper | None = None  # this process's unclaimed helper: the first engine to start takes it
+_claim = threading.Lock()  # two engines started at once on two threads: one takes it
+
+
+@dataclass
+class AttentionCompile:
+    """A compile under way, on a thread (`future`) or in a helper process (`helper`)."""
+
+    where: str  # "thread" or "process"
+    future: Future | None = None
+    helper: Helper | None = None
+
+    def wait(self, timeout: float = HELPER_WAIT_S) -> None:
+        """Until the kernel is compiled (and on disk, from a helper). A thread's error raises here; a helper that
+        failed, or did not finish within `timeout` seconds (then stopped), is a warning: the runner's own
+        attention warm-up then compiles the kernel."""
+        if self.future is not None:
+            self.future.result()
+        if self.helper is None:
+            return
+        helper, self.helper = self.helper, None
+        try:
+            code = helper.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            code = f"no exit after {timeout:.0f} s (stopped)"
+        if code != 0:
+            helper.log.seek(0)
+            tail = helper.log.read().decode(errors="replace")[-2000:]
+            warnings.warn(
+                f"the FlashAttention-4 compile process: {code if isinstance(code, str) else f'exited with {code}'}; "
+                f"compiling in this process.\n{tail}",
+                stacklevel=2,
+            )
+        helper.cancel()
+
+    def cancel(self) -> None:
+        """Stop a helper whose kernel is no longer wanted (the engine chose another backend, or failed to start)."""
+        if self.helper is not None:
+            self.helper.cancel()
+            self.helper = None
 
 
 def fa4_installed() -> bool:
@@ -183,10 +207,20 @@ def fa4_expected(device: torch.device, dtype: torch.dtype, name: str | None) -> 
     )
 
 
+def disk_cache_dir() -> str | None:
+    """FlashAttention-4's disk cache directory, or None when its disk cache is off (a helper's kernel would
+    then be lost with the helper)."""
+    attention_backend.fa4_cache_env()  # on unless the user turned it off
+    if os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED") != "1":
+        return None
+    return os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")
+
+
 def start_helper() -> None:
     """At `minivllm.llm`'s import: start this process's helper where a first engine would compile FlashAttention-4's
-    kernel: CUDA and FlashAttention-4 installed, its disk cache without a kernel, the switch "auto" or "process",
-    and this is a user's process (not a helper, not a spawned tensor-parallel worker)."""
+    kernel into its disk cache: CUDA and FlashAttention-4 installed, the disk cache on, the switch "process", or
+    "auto" with a disk cache without a kernel, and this a user's process (not a helper, not a spawned
+    tensor-parallel worker)."""
     global _helper
     mode = SWITCHES.attention_compile
     if (
@@ -196,9 +230,9 @@ def start_helper() -> None:
         or multiprocessing.parent_process() is not None
         or not torch.cuda.is_available()
         or not fa4_installed()
+        or disk_cache_dir() is None
     ):
         return
-    attention_backend.fa4_cache_env()  # where its disk cache is, for the helper and this process alike
     if mode == "auto" and disk_cache_holds_kernels():
         return
     _helper = spawn_helper()
@@ -206,11 +240,11 @@ def start_helper() -> None:
 
 def spawn_helper(idle_s: float = HELPER_IDLE_S) -> Helper:
     """A helper process: it imports, then waits on its stdin for one stand-in, `idle_s` seconds at most."""
-    attention_backend.fa4_cache_env()
+    cache_dir = disk_cache_dir()
     env = dict(os.environ, **{HELPER_ENV: "1"})  # the disk cache's variables included (fa4_cache_env)
     package_root = str(Path(__file__).resolve().parents[2])  # the directory holding minivllm/
     env["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in [env.get("PYTHONPATH")] if p])
-    log = tempfile.TemporaryFile()  # noqa: SIM115 (the helper writes it until it exits; wait() closes it)
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (the helper writes it until it exits; Helper.close closes it)
     process = subprocess.Popen(
         [sys.executable, "-m", "minivllm.engine.attention_compile", str(idle_s)],
         env=env,
@@ -218,69 +252,77 @@ def spawn_helper(idle_s: float = HELPER_IDLE_S) -> Helper:
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    return Helper(process, log)
+    return Helper(process, log, cache_dir)
 
 
 def claim_helper() -> Helper | None:
-    """This process's helper if it is still waiting (the first engine's), and no other engine's any more."""
+    """This process's helper if it is still waiting (for the engine starting now), and no later engine's."""
     global _helper
-    helper, _helper = _helper, None
-    if helper is not None and helper.process.poll() is not None:  # it exited: idle too long, or failed
-        helper.log.close()
+    with _claim:
+        helper, _helper = _helper, None
+    if helper is not None and not helper.waiting():  # it exited: idle too long, or failed
+        helper.cancel()
         return None
     return helper
 
 
 def where_to_compile(config: "Config", device: torch.device, dtype: torch.dtype, mode: str) -> str | None:
     """ "process", "thread" or None (warmup_attention compiles), from the switch's `mode`: "auto" sends the
-    compile to this process's helper when there is one (start_helper: a bare disk cache), else to a thread;
-    nothing ahead unless FlashAttention-4 will be the backend."""
+    compile to this process's helper when one waits and exports where this engine will look (the disk cache on,
+    the same directory, no kernel in it yet), else to a thread; nothing ahead unless FlashAttention-4 will be
+    the backend."""
     if mode == "off" or not fa4_expected(device, dtype, config.attention_backend):
         return None
-    attention_backend.fa4_cache_env()  # where its disk cache is, before anything imports it
+    cache_dir = disk_cache_dir()
     if mode != "auto":
         return mode
-    helper_waiting = _helper is not None and _helper.process.poll() is None
-    return "process" if helper_waiting and not disk_cache_holds_kernels() else "thread"
+    helper_fits = cache_dir is not None and _helper is not None and _helper.waiting() and _helper.cache_dir == cache_dir
+    return "process" if helper_fits and not disk_cache_holds_kernels() else "thread"
 
 
 def start(
-    config: "Config", device: torch.device, dtype: torch.dtype, where: str, backend: str = "fa4"
+    config: "Config",
+    device: torch.device,
+    dtype: torch.dtype,
+    where: str,
+    backend: str = "fa4",
+    helper: Helper | None = None,
 ) -> AttentionCompile:
     """Start compiling `backend`'s kernel on a thread (after `attention_backend.select` has imported
-    FlashAttention-4) or in this process's helper (a fresh one if none is waiting)."""
+    FlashAttention-4) or in `helper` (this process's, claimed; a fresh one if None)."""
     s = StandIn.of(config)
     if where == "thread":
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minivllm-attention-compile")
         future = pool.submit(stand_in_prefill_attention, s, device, dtype, backend)
         pool.shutdown(wait=False)  # its one thread ends with the job
         return AttentionCompile("thread", future=future)
-    helper = claim_helper() or spawn_helper()
+    helper = helper or spawn_helper()
     request = dict(stand_in=asdict(s), device=str(device), dtype=str(dtype).removeprefix("torch."), backend=backend)
     try:
         helper.process.stdin.write((json.dumps(request) + "\n").encode())
         helper.process.stdin.close()  # one request; it exits once the kernel is on disk
     except BrokenPipeError:  # it exited meanwhile: wait() reports how
         pass
-    return AttentionCompile("process", process=helper.process, log=helper.log)
+    return AttentionCompile("process", helper=helper)
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str]) -> int:
     """The helper process: import torch and FlashAttention-4, wait on stdin for one stand-in (JSON), run it
-    (FlashAttention-4 exports the compiled kernel to its disk cache), exit. No request within `argv[0]` seconds,
-    or stdin closed (the engine's process ended), and it exits without compiling."""
+    (FlashAttention-4 exports the compiled kernel to its disk cache), exit 0. No request within `argv[0]`
+    seconds, or stdin closed (the engine's process ended): exit NO_REQUEST without compiling."""
     attention_backend.available("cuda")  # imports FlashAttention-4 (seconds) before the request comes
     ready, _, _ = select.select([sys.stdin], [], [], float(argv[0]))
     line = sys.stdin.readline() if ready else ""
     if not line.strip():
-        return
+        return NO_REQUEST
     request = json.loads(line)
     device = torch.device(request["device"])
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dtype = getattr(torch, request["dtype"])
     stand_in_prefill_attention(StandIn(**request["stand_in"]), device, dtype, request["backend"])
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))

@@ -88,21 +88,37 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.dtype = config.torch_dtype()
-        # FlashAttention-4's one prefill kernel compiles during load and warm-up (engine/attention_compile.py):
-        # a helper process starts before `select` imports FlashAttention-4 here, a thread after
+        # FlashAttention-4's one prefill kernel compiles during load and warm-up (engine/attention_compile.py): in
+        # this process's helper, sent its request before `select` imports FlashAttention-4 here, or on a thread
+        # after. The helper serves the first engine or none: one that does not use it stops it.
         where = attention_compile.where_to_compile(config, self.device, self.dtype, SWITCHES.attention_compile)
-        early = attention_compile.start(config, self.device, self.dtype, "process") if where == "process" else None
+        helper = attention_compile.claim_helper()
+        self.attention_compile: attention_compile.AttentionCompile | None = None
+        if where == "process":
+            self.attention_compile = attention_compile.start(config, self.device, self.dtype, "process", helper=helper)
+        elif helper is not None:
+            helper.cancel()
+        try:
+            self.start_up(where, start)
+        except BaseException:
+            if self.attention_compile is not None:
+                self.attention_compile.cancel()  # a start-up that fails leaves no helper compiling
+            raise
+
+    def start_up(self, where: str | None, start: float) -> None:
+        """The rest of the engine's start: the attention backend, the buffers, then the timed phases (load,
+        warm-up, KV cache, attention warm-up, graph capture)."""
+        config = self.config
         self.backend = attention_backend.select(self.device, self.dtype, config.attention_backend)
         # FlashAttention-4 compiles one kernel per variant it meets (~3-4 s each): keys fresh or read through the
         # page table is one of its distinctions, so with it every prefill reads its keys from the cache (the
         # layer has just written them there) and one variant serves them all (benchmarks/NOTES.md, change 16)
         self.prefill_keys_from_cache = self.backend == "fa4"
-        if self.backend != "fa4" and early is not None:
-            early.cancel()  # FlashAttention-4 was expected but did not import
-            early = None
+        if self.backend != "fa4" and self.attention_compile is not None:
+            self.attention_compile.cancel()  # FlashAttention-4 was expected but did not import
+            self.attention_compile = None
         if self.backend == "fa4" and where == "thread":
-            early = attention_compile.start(config, self.device, self.dtype, "thread")
-        self.attention_compile: attention_compile.AttentionCompile | None = early
+            self.attention_compile = attention_compile.start(config, self.device, self.dtype, "thread")
         self.sampler = Sampler(config.seed, self.device)
         self.max_num_blocks = -(-config.max_model_len // self.block_size)
         self.enforce_eager = config.enforce_eager or self.device.type != "cuda"
@@ -310,8 +326,6 @@ class ModelRunner:
         reset_context()
 
     def exit(self) -> None:
-        if getattr(self, "attention_compile", None) is not None:
-            self.attention_compile.cancel()  # an engine closed during start-up
         for m in getattr(self, "attn_layers", []):  # give the memory back (KV cache, graphs)
             m.k_cache = m.v_cache = torch.tensor([])
         for name in ("graphs", "kv_cache", "model"):

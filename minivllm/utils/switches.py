@@ -8,6 +8,7 @@ instance, travels in the `Config`). Spawned tensor-parallel workers inherit the 
 variable, not only the field, before starting a TP engine with a switch changed."""
 
 import os
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 
@@ -52,10 +53,16 @@ def _parse(name: str, text: str):
     return text == "1"
 
 
+RENAMED = {"MINIVLLM_EARLY_ATTENTION_COMPILE": "MINIVLLM_ATTENTION_COMPILE (auto, process, thread or off)"}
+
+
 def from_env() -> Switches:
     values = {
         f.name: _parse(f.name, os.environ[env_name(f.name)]) for f in fields(Switches) if env_name(f.name) in os.environ
     }
+    for old, new in RENAMED.items():
+        if old in os.environ:
+            warnings.warn(f"{old} is no longer read; set {new}", stacklevel=2)
     switches = Switches(**values)
     switches.check()
     return switches
