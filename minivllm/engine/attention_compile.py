@@ -107,12 +107,11 @@ def stand_in_prefill_attention(s: StandIn, device: torch.device, dtype: torch.dt
         stream.synchronize()
 
 
-def disk_cache_holds_kernels() -> bool:
-    """Whether FlashAttention-4's on-disk cache holds any compiled kernel. Any: which file is ours is a hash of
-    its compile key, known only inside its interface. A cache of another model's (or another release's)
-    kernels only sends the compile to a thread, as before this module had a process."""
-    root = os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")
-    return root is not None and any(Path(root).rglob("*.o"))
+def disk_cache_holds_kernels(cache_dir: str) -> bool:
+    """Whether FlashAttention-4's on-disk cache (`disk_cache_dir`) holds any compiled kernel. Any: which file is
+    ours is a hash of its compile key, known only inside its interface. A cache of another model's (or another
+    release's) kernels only sends the compile to a thread, as before this module had a process."""
+    return any(Path(cache_dir).rglob("*.o"))
 
 
 HELPER_ENV = "MINIVLLM_ATTENTION_HELPER"  # set in a helper's environment: it must not start one of its own
@@ -168,15 +167,14 @@ class AttentionCompile:
         helper, self.helper = self.helper, None
         try:
             code = helper.process.wait(timeout)
+            failure = f"exited with {code}" if code != 0 else None
         except subprocess.TimeoutExpired:
-            code = f"no exit after {timeout:.0f} s (stopped)"
-        if code != 0:
+            failure = f"no exit after {timeout:.0f} s (stopped)"
+        if failure is not None:
             helper.log.seek(0)
             tail = helper.log.read().decode(errors="replace")[-2000:]
             warnings.warn(
-                f"the FlashAttention-4 compile process: {code if isinstance(code, str) else f'exited with {code}'}; "
-                f"compiling in this process.\n{tail}",
-                stacklevel=2,
+                f"the FlashAttention-4 compile process: {failure}; compiling in this process.\n{tail}", stacklevel=2
             )
         helper.cancel()
 
@@ -230,10 +228,10 @@ def start_helper() -> None:
         or multiprocessing.parent_process() is not None
         or not torch.cuda.is_available()
         or not fa4_installed()
-        or disk_cache_dir() is None
+        or (cache_dir := disk_cache_dir()) is None
     ):
         return
-    if mode == "auto" and disk_cache_holds_kernels():
+    if mode == "auto" and disk_cache_holds_kernels(cache_dir):
         return
     _helper = spawn_helper()
 
@@ -273,11 +271,11 @@ def where_to_compile(config: "Config", device: torch.device, dtype: torch.dtype,
     the backend."""
     if mode == "off" or not fa4_expected(device, dtype, config.attention_backend):
         return None
-    cache_dir = disk_cache_dir()
     if mode != "auto":
         return mode
+    cache_dir = disk_cache_dir()
     helper_fits = cache_dir is not None and _helper is not None and _helper.waiting() and _helper.cache_dir == cache_dir
-    return "process" if helper_fits and not disk_cache_holds_kernels() else "thread"
+    return "process" if helper_fits and not disk_cache_holds_kernels(cache_dir) else "thread"
 
 
 def start(
