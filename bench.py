@@ -28,6 +28,7 @@ T_START = time.perf_counter()
 
 import torch  # noqa: E402
 
+from minivllm.engine.triton_compile import THREAD_PREFIX  # noqa: E402
 from minivllm.testing.benchmark import phase_times, roofline, save_json, workload  # noqa: E402
 from minivllm.testing.compile_counter import CompileCounter  # noqa: E402
 from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint  # noqa: E402
@@ -71,7 +72,10 @@ def one_process(args) -> dict:
     t = time.perf_counter()
     llm = LLM(args.model, tensor_parallel_size=args.tp, enforce_eager=args.enforce_eager, max_model_len=4096)
     init_s = time.perf_counter() - t
-    init_compiles = [[name, round(s, 3)] for name, s in zip(counter.triton_kernels, counter.triton_seconds)]
+    init_compiles = [  # [kernel, seconds, the thread it compiled on]
+        [name, round(s, 3), thread]
+        for name, s, thread in zip(counter.triton_kernels, counter.triton_seconds, counter.triton_threads)
+    ]
     init_keys = [[name, key] for name, key in zip(counter.triton_kernels, counter.triton_keys)]
     t = time.perf_counter()
     llm.generate(["Benchmark: "], SamplingParams(temperature=1.0, max_tokens=64), use_tqdm=False)
@@ -109,7 +113,7 @@ def one_process(args) -> dict:
         init_s=init_s,
         short_prompt_s=short_s,
         startup_phases=llm.model_runner.startup_seconds,
-        init_triton_compiles=init_compiles,  # [kernel, seconds] of each Triton compile (or cache load) in init
+        init_triton_compiles=init_compiles,  # [kernel, seconds, thread] of each Triton compile (or cache load) in init
         init_triton_keys=init_keys,  # [kernel, what Triton specialised that compile on]
         runs=runs,
         floor=floor,
@@ -184,7 +188,8 @@ def summarize_gpu(result: dict) -> list[tuple[str, str]]:
             (f"{name}: first / warm", f"{p['first_over_warm']:.2f}"),
             (
                 f"{name}: Triton kernels in init",
-                f"{len(p['init_triton_compiles'])}, {sum(s for _, s in p['init_triton_compiles']):.1f} s",
+                f"{len(p['init_triton_compiles'])}, {sum(c[1] for c in p['init_triton_compiles']):.1f} s"
+                f" ({sum(not c[2].startswith(THREAD_PREFIX) for c in p['init_triton_compiles'])} on the main thread)",
             ),
         ]
     p = result["processes"]["cached"]

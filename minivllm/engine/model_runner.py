@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from minivllm.config import Config
-from minivllm.engine import attention_compile, step_inputs, warmup
+from minivllm.engine import attention_compile, step_inputs, triton_compile, warmup
 from minivllm.engine.cuda_graphs import DecodeGraphs
 from minivllm.engine.kv_cache import GpuMemory, allocate_zeroed, kv_block_bytes, kv_cache_shape, num_kvcache_blocks
 from minivllm.engine.sampling_inputs import SamplingInputs, prepare_sampling, sample_tokens
@@ -106,9 +106,14 @@ class ModelRunner:
             raise
 
     def start_up(self, where: str | None, start: float) -> None:
-        """The rest of the engine's start: the attention backend, the buffers, then the timed phases (load,
-        warm-up, KV cache, attention warm-up, graph capture)."""
+        """The rest of the engine's start: our Triton kernels' compile on threads, the attention backend, the
+        buffers, then the timed phases (load, the wait for the Triton kernels, warm-up, KV cache, attention
+        warm-up, graph capture)."""
         config = self.config
+        # our Triton kernels compile on threads (engine/triton_compile.py) while this thread imports the attention
+        # backend and loads the model; the warm-up waits for them
+        on_threads = self.device.type == "cuda" and SWITCHES.triton_compile
+        kernels = triton_compile.start(config, self.device, self.dtype, self.rank) if on_threads else None
         self.backend = attention_backend.select(self.device, self.dtype, config.attention_backend)
         # FlashAttention-4 compiles one kernel per variant it meets (~3-4 s each): keys fresh or read through the
         # page table is one of its distinctions, so with it every prefill reads its keys from the cache (the
@@ -135,6 +140,8 @@ class ModelRunner:
         with engine_group(self.group):  # the layers shard themselves over this engine's group
             self.timed("load", self.load_model)
             self.checkpoint("loaded the model")
+            if kernels is not None:
+                self.timed("triton_compile", kernels.wait)
             if self.device.type == "cuda":  # on CPU nothing compiles and the cache has a byte budget
                 self.timed("warmup", self.warmup_model)
             if self.attention_compile is not None and self.attention_compile.where == "process":

@@ -2,6 +2,7 @@
 kernels (this process's in-memory cache misses), torch.compile graphs, and FlashAttention-4 kernel variants."""
 
 import sys
+import threading
 import time
 
 
@@ -13,6 +14,7 @@ class CompileCounter:
         # and what it was specialised on (Triton's cache key: argument types, alignments, constants): two
         # compiles of one kernel differ here, which says why a second variant was needed
         self.triton_keys: list[str] = []
+        self.triton_threads: list[str] = []  # the thread each compile ran on (engine/triton_compile.py's, or another)
         try:
             from triton.runtime.jit import JITFunction
 
@@ -22,6 +24,7 @@ class CompileCounter:
                 self.triton += 1
                 self.triton_kernels.append(getattr(fn_self, "__name__", "?"))
                 self.triton_keys.append(str(args[0]) if args else "?")  # _do_compile(key, signature, ...)
+                self.triton_threads.append(threading.current_thread().name)
                 t = time.perf_counter()
                 try:
                     return original(fn_self, *args, **kwargs)
