@@ -12,6 +12,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.engine.kv_cache import allocate_zeroed
 from minivllm.layers import torch_attention
 from minivllm.layers.torch_attention import DecodeGather, decode_gather, paged_decode_attention
+from minivllm.utils import switches
 
 CPU = torch.device("cpu")
 
@@ -124,7 +125,9 @@ def test_gather_still_checks_each_call():
 
 
 def test_engine_builds_one_gather_per_decode_step(tiny_qwen3, monkeypatch):
-    """Two layers, one build per decode step; and the tokens are those of an engine that builds per layer."""
+    """Two layers, one build per decode step; and the tokens are those of an engine that builds per layer (the
+    torch path: the C++ decode reads the paged cache in place and gathers nothing)."""
+    monkeypatch.setattr(switches.SWITCHES, "cpu_ops", False)
     builds = []
     check_tables = torch_attention.check_tables
     monkeypatch.setattr(torch_attention, "check_tables", lambda *a: builds.append(1) or check_tables(*a))

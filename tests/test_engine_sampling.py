@@ -122,7 +122,7 @@ def count_calls(monkeypatch, module, name: str) -> list:
 
 
 PATHS = {  # switches; which kernels write the KV cache and sample
-    "torch": dict(triton_on_cpu=False),
+    "torch": dict(triton_on_cpu=False, cpu_ops=False),  # the torch definitions (not the C++ ops: test_cpu_ops.py)
     "triton store": dict(triton_on_cpu=True, fused_prologue=False),
     "fused prologue": dict(triton_on_cpu=True, fused_prologue=True),
 }

@@ -21,7 +21,7 @@ from minivllm.engine.sampling_inputs import SamplingInputs, prepare_sampling, sa
 from minivllm.engine.sequence import Sequence
 from minivllm.engine.step_inputs import DecodeLayout, InputBuffers, StepInput
 from minivllm.engine.tp_workers import Reporter, Workers
-from minivllm.layers import attention_backend, cpu_linear
+from minivllm.layers import attention_backend, cpu_linear, cpu_ops
 from minivllm.layers.attention import Attention
 from minivllm.layers.logprobs import LogprobsTensors
 from minivllm.layers.paged_decode import num_splits
@@ -172,6 +172,7 @@ class ModelRunner:
         load_model(self.model, self.config.model)
         if self.device.type == "cpu" and SWITCHES.cpu_packed_linear:
             cpu_linear.pack_linears(self.model)  # the weights in oneDNN's layout, once (layers/cpu_linear.py)
+        cpu_ops.log_choice(self.device)  # CPU: the C++ operators, loaded here, or the torch ops (layers/cpu_ops.py)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         for m in self.attn_layers:
             m.backend = self.backend

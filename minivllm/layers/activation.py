@@ -1,5 +1,6 @@
-"""SwiGLU's activation over the merged gate/up projection (notebook 03): the torch definition (CPU, and the
-reference) and a Triton kernel (CUDA: utils/compile.py says why not torch.compile)."""
+"""SwiGLU's activation over the merged gate/up projection (notebook 03): the torch definition (the reference, and
+CPU without the C++ library), a Triton kernel (CUDA: utils/compile.py says why not torch.compile) and its C++ twin
+for CPU (layers/cpu_ops.py)."""
 
 import torch
 import torch.nn.functional as F
@@ -7,6 +8,7 @@ import triton
 import triton.language as tl
 from torch import nn
 
+from minivllm.layers import cpu_ops
 from minivllm.utils.compile import compiled, runs_triton
 
 
@@ -37,7 +39,9 @@ class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] % 2:
             raise ValueError(f"SiluAndMul: last dim {x.shape[-1]} is odd; expected gate and up halves")
-        return silu_and_mul_triton(x) if runs_triton(x) else self.silu_and_mul(x)
+        if runs_triton(x):
+            return silu_and_mul_triton(x)
+        return cpu_ops.silu_and_mul(x) if cpu_ops.runs_on(x) else self.silu_and_mul(x)
 
     @compiled
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ launch, GPU), so the model never touches the cache or the step context."""
 import torch
 from torch import nn
 
-from minivllm.layers import attention_backend, attention_prologue
+from minivllm.layers import attention_backend, attention_prologue, cpu_ops
 from minivllm.layers.store_kvcache import store_kvcache
 from minivllm.layers.torch_attention import store_kvcache_torch
 from minivllm.utils.context import Context, get_context
@@ -31,8 +31,11 @@ class Attention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: (N, num_heads, head_dim), k/v: (N, num_kv_heads, head_dim) -> (N, num_heads, head_dim)
         context = get_context()
-        if self.k_cache.numel() and self.v_cache.numel():  # Triton on GPU; index assignment on CPU
-            store = store_kvcache if triton_runs_on(self.k_cache) else store_kvcache_torch
+        if self.k_cache.numel() and self.v_cache.numel():  # Triton on GPU; C++ or index assignment on CPU
+            if triton_runs_on(self.k_cache):
+                store = store_kvcache
+            else:
+                store = cpu_ops.store_kvcache if cpu_ops.runs_on(self.k_cache) else store_kvcache_torch
             store(k, v, self.k_cache, self.v_cache, context.slot_mapping)
         return self.attend(q, k, v, context)
 

@@ -17,7 +17,7 @@ from functools import lru_cache
 
 import torch
 
-from minivllm.layers import torch_attention
+from minivllm.layers import cpu_ops, torch_attention
 from minivllm.layers.paged_decode import paged_decode
 from minivllm.utils.default_model import cache_root
 from minivllm.utils.switches import SWITCHES
@@ -193,4 +193,7 @@ def decode(backend: str, q, k_cache, v_cache, context_lens, block_tables, scale:
             softmax_scale=scale,
             causal=True,
         ).squeeze(1)
+    if cpu_ops.runs_on(q):  # CPU: one C++ call that reads the paged cache in place (layers/cpu_ops.py)
+        torch_attention.check_decode_shapes(q, k_cache, v_cache, context_lens, block_tables)
+        return cpu_ops.paged_decode(q, k_cache, v_cache, context_lens, block_tables, scale)
     return torch_attention.paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale)

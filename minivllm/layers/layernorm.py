@@ -1,11 +1,13 @@
-"""RMSNorm, plain and with the residual add fused in (notebook 01): the torch definition (CPU, and the
-reference) and one Triton kernel for both forms (CUDA: utils/compile.py says why not torch.compile)."""
+"""RMSNorm, plain and with the residual add fused in (notebook 01): the torch definition (the reference, and CPU
+without the C++ library), one Triton kernel for both forms (CUDA: utils/compile.py says why not torch.compile) and
+their C++ twins for CPU (layers/cpu_ops.py)."""
 
 import torch
 import triton
 import triton.language as tl
 from torch import nn
 
+from minivllm.layers import cpu_ops
 from minivllm.utils.compile import compiled, runs_triton
 
 
@@ -94,6 +96,10 @@ class RMSNorm(nn.Module):
             raise ValueError(f"RMSNorm: residual shape {tuple(residual.shape)} != input shape {tuple(x.shape)}")
         if runs_triton(x):
             return rms_norm_triton(x, self.weight, self.eps, residual)
+        if cpu_ops.runs_on(x) and self.weight.dtype == x.dtype:
+            if residual is None:
+                return cpu_ops.rms_norm(x, self.weight, self.eps)
+            return cpu_ops.add_rms_norm(x, residual, self.weight, self.eps)
         if residual is None:
             return self.rms_forward(x)
         return self.add_rms_forward(x, residual)

@@ -6,6 +6,7 @@ from functools import lru_cache
 import torch
 from torch import nn
 
+from minivllm.layers import cpu_ops
 from minivllm.utils.compile import compiled
 
 
@@ -30,9 +31,14 @@ class RotaryEmbedding(nn.Module):
         cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)  # (max_pos, rotary_dim)
         self.register_buffer("cos_sin_cache", cache.unsqueeze_(1), persistent=False)  # (max_pos, 1, rotary_dim)
 
-    @compiled
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
         # positions: (N,), query: (N, num_heads, head_dim), key: (N, num_kv_heads, head_dim)
+        if cpu_ops.runs_on(query):  # CPU: the same arithmetic in one C++ call (layers/cpu_ops.py)
+            return cpu_ops.rotary(positions, query, key, self.cos_sin_cache)
+        return self.rotate(positions, query, key)
+
+    @compiled
+    def rotate(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
         cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)  # 2 x (N, 1, head_dim / 2)
         return apply_rotary_emb(query, cos, sin), apply_rotary_emb(key, cos, sin)
 

@@ -89,6 +89,21 @@ def check_paged_shapes(
         )
 
 
+def check_decode_shapes(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+) -> None:
+    """check_paged_shapes, and one query per sequence."""
+    check_paged_shapes(q, k_cache, v_cache, context_lens, block_tables)
+    if q.shape[0] != context_lens.shape[0]:
+        raise ValueError(
+            f"decode: {q.shape[0]} queries but {context_lens.shape[0]} context lengths (one query per sequence)"
+        )
+
+
 def check_tables(context_lens: torch.Tensor, block_tables: torch.Tensor, num_blocks: int, block_size: int) -> None:
     """Every context fits its table, and every block it uses is in the cache (host syncs)."""
     max_len = int(context_lens.max()) if context_lens.numel() else 0
@@ -206,11 +221,7 @@ def decode_gather(
 ) -> DecodeGather:
     """The rows to gather for these context lengths and tables: the last ones built if their inputs are equal
     (CPU only: a GPU would sync to compare, and a CUDA graph cannot), else new ones. Shapes checked each call."""
-    check_paged_shapes(q, k_cache, v_cache, context_lens, block_tables)
-    if q.shape[0] != context_lens.shape[0]:
-        raise ValueError(
-            f"decode: {q.shape[0]} queries but {context_lens.shape[0]} context lengths (one query per sequence)"
-        )
+    check_decode_shapes(q, k_cache, v_cache, context_lens, block_tables)
     cache_blocks = (num_blocks, block_size) = tuple(k_cache.shape[:2])
     cpu = q.device.type == "cpu"
     last = getattr(_last_gather, "value", None) if cpu else None

@@ -24,6 +24,7 @@ class Switches:
     compile: bool | None = None  # small ops: None Triton on CUDA, True torch.compile, False eager (compile.py)
     cpu_packed_linear: bool = True  # CPU: linear layers through oneDNN with weights packed at load (cpu_linear.py)
     triton_on_cpu: bool = False  # CPU: run the GPU path's Triton kernels (store, prologue, sampler) interpreted
+    cpu_ops: bool = True  # CPU: norms, RoPE, SiLU-mul, KV store, decode attention in C++ when built (cpu_ops.py)
     attention_compile: str = "auto"  # GPU start: where FlashAttention-4 compiles (engine/attention_compile.py)
     triton_compile: bool = True  # GPU start: our Triton kernels compile side by side on threads (triton_compile.py)
 
@@ -32,7 +33,7 @@ class Switches:
             raise ValueError(f"unknown decode kernel {self.decode_kernel!r}; choose from {DECODE_KERNELS}")
         if self.attention_compile not in ATTENTION_COMPILE:
             raise ValueError(f"unknown attention_compile {self.attention_compile!r}; choose from {ATTENTION_COMPILE}")
-        for name in ("pdl", "fused_prologue", "cpu_packed_linear", "triton_on_cpu", "triton_compile"):
+        for name in ("pdl", "fused_prologue", "cpu_packed_linear", "triton_on_cpu", "cpu_ops", "triton_compile"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"switch {name} must be True or False, got {getattr(self, name)!r}")
         if self.compile not in (None, True, False):
