@@ -63,3 +63,81 @@ def test_auto_dtype_is_float32_on_cpu_and_the_checkpoints_on_a_gpu(tiny_qwen3, m
     config.hf_config.dtype = "float16"  # as a string in older configs
     assert config.torch_dtype() == torch.float16
     assert Config(tiny_qwen3, dtype="float32").torch_dtype() == torch.float32
+
+
+def _copy_checkpoint(src: str, dst, drop: str | None = None) -> str:
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    if drop:
+        path = dst / "config.json"
+        values = json.loads(path.read_text())
+        del values[drop]
+        path.write_text(json.dumps(values))
+    return str(dst)
+
+
+@pytest.mark.parametrize("fixture", ["tiny_qwen3", "tiny_qwen2", "tiny_llama"])
+def test_a_complete_config_json_is_read_without_the_model_config_class(fixture, request):
+    from transformers import AutoConfig, PretrainedConfig
+
+    from minivllm.config import ENGINE_KEYS, load_hf_config
+    from minivllm.layers.rotary_embedding import rope_scaling_of, rope_theta_of
+
+    path = request.getfixturevalue(fixture)
+    ours, theirs = load_hf_config(path), AutoConfig.from_pretrained(path)
+    assert type(ours) is PretrainedConfig and type(theirs) is not PretrainedConfig
+    for key in ENGINE_KEYS + ("model_type", "eos_token_id", "attention_bias"):
+        assert getattr(ours, key, None) == getattr(theirs, key, None), key
+    assert rope_theta_of(ours) == rope_theta_of(theirs) and rope_scaling_of(ours) == rope_scaling_of(theirs)
+    assert Config(path).torch_dtype() == torch.float32
+
+
+@pytest.mark.parametrize("missing", ["tie_word_embeddings", "head_dim", "num_key_value_heads"])
+def test_a_config_json_that_leaves_a_field_to_its_class_goes_through_autoconfig(tiny_qwen3, tmp_path, missing):
+    from transformers import AutoConfig
+
+    from minivllm.config import load_hf_config
+
+    path = _copy_checkpoint(tiny_qwen3, tmp_path / "ckpt", drop=missing)
+    ours = load_hf_config(path)
+    assert type(ours) is type(AutoConfig.from_pretrained(tiny_qwen3))  # Qwen3Config: its defaults apply
+    assert getattr(ours, missing) == getattr(type(ours)(), missing)
+
+
+def test_the_tokenizer_given_our_config_is_the_one_autotokenizer_loads(tiny_qwen3, tmp_path):
+    import json
+
+    from transformers import AutoTokenizer
+
+    from minivllm.config import load_hf_config, load_tokenizer
+
+    text = "The capital of France is Paris."
+    ref = AutoTokenizer.from_pretrained(tiny_qwen3)
+    tok = load_tokenizer(tiny_qwen3, load_hf_config(tiny_qwen3))
+    assert type(tok) is type(ref) and tok(text).input_ids == ref(text).input_ids
+    path = _copy_checkpoint(tiny_qwen3, tmp_path / "ckpt")  # no class named: AutoTokenizer chooses, as before
+    cfg = tmp_path / "ckpt" / "tokenizer_config.json"
+    cfg.write_text(json.dumps({k: v for k, v in json.loads(cfg.read_text()).items() if k != "tokenizer_class"}))
+    tok = load_tokenizer(path, load_hf_config(path))
+    assert type(tok) is type(AutoTokenizer.from_pretrained(path)) and tok(text).input_ids == ref(text).input_ids
+
+
+def test_the_engine_does_not_import_transformers_model_config_classes(tiny_qwen3):
+    """What the README's first command skips (~1 s on a 2-core CPU): transformers' activations module, which the
+    model-specific config classes import to validate hidden_act, and torch.distributed.tensor with it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from minivllm import LLM, SamplingParams\n"
+        f"llm = LLM({tiny_qwen3!r}, device='cpu', max_model_len=64)\n"
+        "out = llm.generate(['hello'], SamplingParams(max_tokens=2), use_tqdm=False)\n"
+        "print(len(out[0].outputs[0].token_ids), sorted(m for m in ('transformers.activations', "
+        "'torch.distributed.tensor') if m in sys.modules))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == "2 []"

@@ -23,9 +23,7 @@ import time
 import weakref
 from dataclasses import dataclass, replace
 
-from transformers import AutoTokenizer
-
-from minivllm.config import Config
+from minivllm.config import Config, load_tokenizer
 from minivllm.engine.detokenizer import Detokenizer
 from minivllm.engine.model_runner import ModelRunner, StepHandle
 from minivllm.engine.requests import FINAL_ONLY, Request, add_logprobs, check_request, eos_token_ids, request_output
@@ -73,7 +71,7 @@ class LLMEngine:
             if self.workers is not None:  # a failed start leaves no process behind
                 self.workers.exit(timeout=1)
             raise
-        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.tokenizer = load_tokenizer(model, config.hf_config)
         self.eos = eos_token_ids(model, self.tokenizer)
         self.model_runner.eos = self.eos
         self.scheduler = Scheduler(config, self.eos)
