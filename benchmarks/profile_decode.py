@@ -10,6 +10,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from minivllm import LLM, SamplingParams
+from minivllm.layers import l2_prefetch
 from minivllm.testing.benchmark import COPY_BW, model_bytes_and_flops
 from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 from minivllm.utils import switches
@@ -23,7 +24,9 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=600)
     ap.add_argument("--kernels", action="store_true", help="also a torch.profiler kernel table of real steps")
     ap.add_argument(
-        "--variants", default="", help="also replay times per setting, re-capturing the graphs: e.g. 'pdl=0;pdl=1'"
+        "--variants",
+        default="",
+        help="also replay times per switch setting, re-capturing the graphs: e.g. 'pdl=0;pdl=1'",
     )
     ap.add_argument(
         "--replay-kernels",
@@ -72,7 +75,9 @@ def main() -> None:
             print(lines[-1], flush=True)
     for variant in filter(None, args.variants.split(";")):
         opts = dict(kv.split("=") for kv in variant.split(","))
-        switches.set(pdl=opts.get("pdl", "1") != "0")
+        if "l2_chunk" in opts:  # bytes per bulk prefetch (layers/l2_prefetch.py), not a switch
+            l2_prefetch.CHUNK = int(opts.pop("l2_chunk"))
+        switches.set(**{name: switches._parse(name, value) for name, value in opts.items()})
         runner.graphs = None
         torch.cuda.synchronize()
         runner.capture_cudagraph()

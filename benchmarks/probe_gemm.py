@@ -1,0 +1,146 @@
+"""Are cuBLAS's kernels for a large decode batch's matmuls beaten by a plain Triton GEMM tuned per shape? (GPU)
+
+At batch 128-256 a decode step's four matmuls per layer take ~30 us where their arithmetic alone would take
+~6-11 us at the H200's matmul rate (benchmarks/NOTES.md part IX): tiles of 128 x 128 leave most SMs idle on
+outputs of 1,024-6,144 columns. For each of Qwen3-0.6B's projections and batch sizes, one call inside a CUDA
+graph of 28 calls on 28 weight copies (as in a step), median of replays: cuBLAS (F.linear) against a Triton GEMM
+over tile shapes. Prints a table and writes JSON.
+
+  python benchmarks/probe_gemm.py --out benchmarks/results/gemm_probe.json    # on the GPU
+"""
+
+import argparse
+import itertools
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import save_json
+
+LAYERS = 28
+SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}  # (N, K)
+
+
+@triton.jit
+def gemm_kernel(x_ptr, w_ptr, y_ptr, M, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """y[M, N] = x[M, K] @ w[N, K].T, one program per (BM, BN) tile, all rows contiguous."""
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    x_ptrs = x_ptr + rm[:, None] * K + rk[None, :]
+    w_ptrs = w_ptr + rn[:, None] * K + rk[None, :]
+    acc = tl.zeros((BM, BN), tl.float32)
+    for _ in range(0, K, BK):  # K is a multiple of BK here
+        x = tl.load(x_ptrs, mask=rm[:, None] < M, other=0.0)
+        w = tl.load(w_ptrs, mask=rn[:, None] < N, other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+        x_ptrs += BK
+        w_ptrs += BK
+    tl.store(
+        y_ptr + rm[:, None] * N + rn[None, :],
+        acc.to(y_ptr.dtype.element_ty),
+        mask=(rm[:, None] < M) & (rn[None, :] < N),
+    )
+
+
+def gemm(x, w, y, cfg):
+    bm, bn, bk, warps, stages = cfg
+    M, K = x.shape
+    N = w.shape[0]
+    gemm_kernel[(triton.cdiv(N, bn), triton.cdiv(M, bm))](
+        x, w, y, M, N, K, BM=bm, BN=bn, BK=bk, num_warps=warps, num_stages=stages
+    )
+
+
+def graph_us(fn, reps: int = 15) -> float:
+    """Median microseconds per call of fn(i) captured for i = 0..27 in one CUDA graph."""
+    for i in range(LAYERS):
+        fn(i)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(LAYERS):
+            fn(i)
+    times = []
+    for _ in range(reps + 3):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / LAYERS)
+    return statistics.median(times[3:])
+
+
+@torch.inference_mode()
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="gemm_probe.json")
+    ap.add_argument("--batches", default="64,128,192,256")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    configs = [
+        c
+        for c in itertools.product((64, 128), (32, 64, 128), (64, 128), (4, 8), (3, 4))
+        if (c[0] + c[1]) * c[2] * 2 * c[4] <= 200 * 1024
+    ]
+    rows = []
+    for name, (N, K) in SHAPES.items():
+        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5 for _ in range(LAYERS)]
+        for M in map(int, args.batches.split(",")):
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+            cublas = graph_us(lambda i: F.linear(x, ws[i]))
+            ref = F.linear(x, ws[0]).float()
+            best = None
+            for cfg in configs:
+                try:
+                    gemm(x, ws[0], y, cfg)
+                    err = (y.float() - ref).abs().max().item()
+                    if err > 0.02 * ref.abs().max().item() + 1e-2:
+                        raise RuntimeError(f"wrong result, error {err}")
+                    t = graph_us(lambda i, cfg=cfg: gemm(x, ws[i], y, cfg))
+                except Exception as e:  # a tile shape the compiler refuses (shared memory)
+                    print(f"  {name} M={M} {cfg}: {type(e).__name__} {str(e)[:120]}", flush=True)
+                    continue
+                if best is None or t < best[1]:
+                    best = (cfg, t)
+            flops = 2 * M * N * K
+            rows.append(
+                dict(
+                    shape=name,
+                    M=M,
+                    N=N,
+                    K=K,
+                    cublas_us=cublas,
+                    triton_best_us=best[1],
+                    best_config=best[0],
+                    floor_us=max(flops / 700e12, N * K * 2 / 4.28e12) * 1e6,
+                )
+            )
+            print(
+                f"{name:8s} M={M:4d}: cuBLAS {cublas:6.2f} us  Triton best {best[1]:6.2f} us {best[0]}  "
+                f"floor {rows[-1]['floor_us']:.2f} us",
+                flush=True,
+            )
+    save_json(
+        dict(
+            layers=LAYERS,
+            rows=rows,
+            device=torch.cuda.get_device_name(),
+            torch=torch.__version__,
+            triton=triton.__version__,
+        ),
+        args.out,
+    )
+
+
+if __name__ == "__main__":
+    main()
