@@ -5,7 +5,9 @@ projections on 28 weight copies (no weight stays in L2 between replays), optiona
 attention after qkv (one kernel reading batch x context x 4 KB of "KV cache" per layer, as the real one does).
 Variants: `cold` (as the engine runs), `hot` (every layer on copy 0, the weights L2-resident: the bound a
 prefetch can reach), and `pf` (before each matmul, the next matmul's weight prefetched into L2 from a side
-stream, minivllm/layers/l2_prefetch.py). Prints microseconds per layer (median of replays) and writes JSON.
+stream: a one-warp kernel whose lanes each issue a bulk prefetch, `cp.async.bulk.prefetch.L2`, of one chunk).
+Tried in the engine (commit 0a90a10) and not kept: benchmarks/NOTES.md part IX. Prints microseconds per layer
+(median of replays) and writes JSON.
 
   python benchmarks/probe_l2_prefetch.py --out benchmarks/results/l2_prefetch_probe.json    # on the GPU
 """
@@ -24,11 +26,50 @@ import triton.testing
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import save_json
 from minivllm.layers.activation import SiluAndMul
-from minivllm.layers.l2_prefetch import prefetch
 
 LAYERS = 28
 H, QKV, Q, GU, INTER = 1024, 4096, 2048, 6144, 3072
 KV_BYTES_PER_TOKEN = 2 * 8 * 128 * 2  # K and V of one token in one layer: 8 KV heads x 128, bf16
+
+
+# one lane issues one bulk prefetch of CHUNK bytes; a program has LANES lanes (one warp)
+CHUNK = 64 * 1024
+LANES = 32
+# PTX: a bulk prefetch into L2, marked evict-last so the KV cache streaming past does not push it out first
+PREFETCH_EVICT_LAST = tl.constexpr(
+    "{ .reg .b64 pol; createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
+    "cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; mov.u32 $0, 0; }"
+)
+PREFETCH = tl.constexpr("cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;")
+
+
+@triton.jit
+def l2_prefetch_kernel(base_ptr, n_bytes, CHUNK: tl.constexpr, LANES: tl.constexpr, EVICT_LAST: tl.constexpr):
+    """Lane i of program p prefetches bytes [c * CHUNK, (c + 1) * CHUNK) of the tensor, c = p * LANES + i."""
+    c = tl.program_id(0) * LANES + tl.arange(0, LANES)
+    off = c.to(tl.int64) * CHUNK
+    size = tl.minimum(n_bytes - off, CHUNK)
+    live = size > 0
+    # every lane runs the instruction: a lane past the end prefetches the first 16 bytes again
+    addr = tl.where(live, (base_ptr + off).to(tl.int64), base_ptr.to(tl.int64))
+    size = tl.where(live, size, 16).to(tl.int32)
+    if EVICT_LAST:
+        tl.inline_asm_elementwise(PREFETCH_EVICT_LAST, "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.inline_asm_elementwise(PREFETCH, "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
+
+
+def prefetch(t: torch.Tensor, *, chunk: int | None = None, lanes: int = LANES, evict_last: bool = True) -> None:
+    """Ask for contiguous CUDA tensor `t`'s bytes to be brought into L2 (on the current stream; returns at once)."""
+    chunk = chunk or CHUNK
+    if not (t.is_cuda and t.is_contiguous()):
+        raise ValueError(f"l2 prefetch: needs a contiguous CUDA tensor, got device {t.device}, shape {tuple(t.shape)}")
+    n_bytes = t.numel() * t.element_size()
+    if n_bytes % 16 or t.data_ptr() % 16:
+        raise ValueError(f"l2 prefetch: {n_bytes} bytes at {t.data_ptr():#x}: size and address must be multiples of 16")
+    flat = t.view(-1).view(torch.uint8)
+    grid = (triton.cdiv(triton.cdiv(n_bytes, chunk), lanes),)
+    l2_prefetch_kernel[grid](flat, n_bytes, CHUNK=chunk, LANES=lanes, EVICT_LAST=evict_last, num_warps=1)
 
 
 @triton.jit

@@ -10,7 +10,6 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from minivllm import LLM, SamplingParams
-from minivllm.layers import l2_prefetch
 from minivllm.testing.benchmark import COPY_BW, model_bytes_and_flops
 from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 from minivllm.utils import switches
@@ -75,8 +74,6 @@ def main() -> None:
             print(lines[-1], flush=True)
     for variant in filter(None, args.variants.split(";")):
         opts = dict(kv.split("=") for kv in variant.split(","))
-        if "l2_chunk" in opts:  # bytes per bulk prefetch (layers/l2_prefetch.py), not a switch
-            l2_prefetch.CHUNK = int(opts.pop("l2_chunk"))
         switches.set(**{name: switches._parse(name, value) for name, value in opts.items()})
         runner.graphs = None
         torch.cuda.synchronize()

@@ -8,7 +8,6 @@ they reach the device through), `cuda_graphs.py` (decode graphs), `kv_cache.py` 
 one GPU a decode graph holds the whole step: feeding the previous step's tokens, the model, the LM head and
 the sampler, whose tokens land in `last_sampled` (benchmarks/NOTES.md says what each of these saves)."""
 
-import contextlib
 import time
 
 import torch
@@ -24,9 +23,6 @@ from minivllm.engine.step_inputs import DecodeLayout, InputBuffers, StepInput
 from minivllm.engine.tp_workers import Reporter, Workers
 from minivllm.layers import attention_backend, cpu_linear, cpu_ops
 from minivllm.layers.attention import Attention
-from minivllm.layers.l2_prefetch import StepPrefetch
-from minivllm.layers.l2_prefetch import supported as l2_prefetch_supported
-from minivllm.layers.linear import LinearBase
 from minivllm.layers.logprobs import LogprobsTensors
 from minivllm.layers.paged_decode import num_splits
 from minivllm.layers.sampler import Sampler
@@ -138,7 +134,6 @@ class ModelRunner:
         self.buffers = InputBuffers(max_tokens=max_tokens, layout=layout, device=self.device)
         self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
         self.graphs: DecodeGraphs | None = None
-        self.step_prefetch: StepPrefetch | None = None  # set at capture (the l2_prefetch switch)
         # where the engine's start went, phase by phase; "setup": the GPU's context, the attention backend's
         # import (FlashAttention-4's takes seconds), the sampler and the input buffers
         self.startup_seconds: dict[str, float] = {"setup": time.perf_counter() - start}
@@ -317,9 +312,6 @@ class ModelRunner:
         self.buffers.clear_decode()
         # only the first size of each kernel variant runs an eager warm-up before its capture (NOTES.md change 25)
         kv_heads = self.attn_layers[0].num_kv_heads  # this rank's, as the decode kernel sees them
-        # with the l2_prefetch switch each linear layer prefetches the next one's weight (layers/l2_prefetch.py)
-        on = SWITCHES.l2_prefetch and l2_prefetch_supported(self.device)
-        self.step_prefetch = StepPrefetch(self.model, LinearBase) if on else None
         self.graphs.capture(self.decode_step, variant=lambda bs: decode_graph_variant(bs, kv_heads))
 
     def decode_step(self, bs: int) -> None:
@@ -335,8 +327,7 @@ class ModelRunner:
         )
         if self.sample_in_graph:
             self.feed_pending(v["input_ids"][:bs], v["src"][:bs])
-        with self.step_prefetch.around(self.device) if self.step_prefetch else contextlib.nullcontext():
-            self.graphs.outputs[:bs] = self.model(v["input_ids"][:bs], v["positions"][:bs])
+        self.graphs.outputs[:bs] = self.model(v["input_ids"][:bs], v["positions"][:bs])
         if self.sample_in_graph:
             logits = self.model.compute_logits(self.graphs.outputs[:bs])  # (bs, vocab)
             self.sampler.race_kernel(logits, self.buffers.temperatures[:bs], out=self.last_sampled[:bs])
