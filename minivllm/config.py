@@ -5,7 +5,10 @@ import os
 from dataclasses import dataclass, field, fields
 
 import torch
-from transformers import AutoConfig, PretrainedConfig
+
+# AutoTokenizer's module stack is imported with the engine, not at its first tokenizer: on the H200 moving it
+# into the engine's start made FlashAttention-4's import there ~5 s slower (benchmarks/NOTES.md, change 30)
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
 # what the engine reads from a checkpoint's config.json (the model's shape, its norm, activation and RoPE)
 ENGINE_KEYS = (
@@ -41,8 +44,6 @@ def load_hf_config(model: str) -> PretrainedConfig:
 def load_tokenizer(model: str, hf_config: PretrainedConfig):
     """The checkpoint's tokenizer. AutoTokenizer reads the model's config to choose a class; it is handed ours
     (not loaded a second time through AutoConfig) when tokenizer_config.json names the class itself."""
-    from transformers import AutoTokenizer
-
     path = os.path.join(model, "tokenizer_config.json")
     if os.path.isfile(path):
         with open(path) as f:
