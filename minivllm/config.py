@@ -6,8 +6,9 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-# AutoTokenizer's module stack is imported with the engine, not at its first tokenizer: on the H200 moving it
-# into the engine's start made FlashAttention-4's import there ~5 s slower (benchmarks/NOTES.md, change 30)
+# AutoTokenizer's modules are imported with the engine, not at its first tokenizer: a form that imported them there
+# measured ~5 s more in the engine's start on the H200, its import of FlashAttention-4 then loading what this import
+# had loaded before it (benchmarks/NOTES.md, change 30)
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
 # what the engine reads from a checkpoint's config.json (the model's shape, its norm, activation and RoPE)
