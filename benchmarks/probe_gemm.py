@@ -12,7 +12,6 @@ over tile shapes. Prints a table and writes JSON.
 import argparse
 import itertools
 import os
-import statistics
 import sys
 
 import torch
@@ -21,9 +20,10 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from probe_l2_prefetch import LAYERS, graph_us  # benchmarks/ is on the path when run as a script
+
 from bench import save_json
 
-LAYERS = 28
 SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}  # (N, K)
 
 
@@ -59,24 +59,9 @@ def gemm(x, w, y, cfg):
     )
 
 
-def graph_us(fn, reps: int = 15) -> float:
+def per_call_us(fn) -> float:
     """Median microseconds per call of fn(i) captured for i = 0..27 in one CUDA graph."""
-    for i in range(LAYERS):
-        fn(i)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(LAYERS):
-            fn(i)
-    times = []
-    for _ in range(reps + 3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / LAYERS)
-    return statistics.median(times[3:])
+    return graph_us(lambda: [fn(i) for i in range(LAYERS)])  # graph_us divides by the 28 layers
 
 
 @torch.inference_mode()
@@ -97,7 +82,7 @@ def main() -> None:
         for M in map(int, args.batches.split(",")):
             x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
             y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-            cublas = graph_us(lambda i: F.linear(x, ws[i]))
+            cublas = per_call_us(lambda i: F.linear(x, ws[i]))
             ref = F.linear(x, ws[0]).float()
             best = None
             for cfg in configs:
@@ -106,7 +91,7 @@ def main() -> None:
                     err = (y.float() - ref).abs().max().item()
                     if err > 0.02 * ref.abs().max().item() + 1e-2:
                         raise RuntimeError(f"wrong result, error {err}")
-                    t = graph_us(lambda i, cfg=cfg: gemm(x, ws[i], y, cfg))
+                    t = per_call_us(lambda i, cfg=cfg: gemm(x, ws[i], y, cfg))
                 except Exception as e:  # a tile shape the compiler refuses (shared memory)
                     print(f"  {name} M={M} {cfg}: {type(e).__name__} {str(e)[:120]}", flush=True)
                     continue
