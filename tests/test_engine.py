@@ -472,54 +472,6 @@ def test_gpu_graphs_captured_without_their_own_warm_up_equal_eager(tiny_qwen3):
     assert runs[True] == runs[False]
 
 
-def test_decode_halves_splits_from_the_switch_size_on():
-    from minivllm.engine.model_runner import decode_halves
-
-    assert decode_halves(256, 0) == [(0, 256)]  # off
-    assert decode_halves(64, 128) == [(0, 64)]  # below the size
-    assert decode_halves(128, 128) == [(0, 64), (64, 128)]
-    assert decode_halves(17, 16) == [(0, 8), (8, 17)]  # every row in exactly one half
-    assert decode_halves(1, 1) == [(0, 1)]  # one row is never split
-
-
-def test_decode_halves_switch_reads_a_batch_size(monkeypatch):
-    from minivllm.utils import switches
-
-    monkeypatch.setenv("MINIVLLM_DECODE_HALVES", "96")
-    assert switches.from_env().decode_halves == 96
-    monkeypatch.setenv("MINIVLLM_DECODE_HALVES", "yes")
-    with pytest.raises(ValueError, match="MINIVLLM_DECODE_HALVES must be a batch size"):
-        switches.from_env()
-    with pytest.raises(ValueError, match="decode_halves must be a batch size"):
-        switches.set(decode_halves=-1)
-    assert switches.SWITCHES.decode_halves == 0  # a refused value leaves the switch as it was
-
-
-@pytest.mark.gpu
-def test_gpu_decode_graphs_in_halves_equal_eager(tiny_qwen3):
-    """Decode graphs of 16 or more sequences run the model as two halves on two streams (switch decode_halves):
-    the same greedy tokens as eager steps, for batches that fill a graph size, pad one, and stay below the
-    switch's size."""
-    from minivllm.utils import switches
-
-    prompts = [
-        torch.randint(1, 512, (1 + (7 * i) % 41,), generator=torch.Generator().manual_seed(i)).tolist()
-        for i in range(64)
-    ]
-    kw = dict(device="cuda", dtype="float32", max_model_len=128, max_num_seqs=64, num_kvcache_blocks=256)
-    runs = {}
-    for eager in (True, False):
-        with switches.override(decode_halves=16):
-            llm = LLM(tiny_qwen3, enforce_eager=eager, **kw)
-            if not eager:
-                assert len(llm.model_runner.graph_halves(64)) == 2 and len(llm.model_runner.graph_halves(8)) == 1
-            runs[eager] = [
-                [o.token_ids for o in llm.generate(prompts[:n], GREEDY, use_tqdm=False)] for n in (64, 40, 9)
-            ]
-            llm.exit()
-    assert runs[True] == runs[False]
-
-
 @pytest.mark.gpu
 def test_gpu_graph_steps_equal_eager_steps_greedy_and_sampled(tiny_qwen3, hf):
     """fp32 on CUDA: with CUDA graphs the sampler runs inside the graph from a device-side seed; with the same

@@ -63,16 +63,6 @@ def decode_graph_variant(batch: int, num_kv_heads: int) -> tuple[int, bool]:
     return num_splits(batch, num_kv_heads), batch == 1
 
 
-def decode_halves(batch: int, min_batch: int) -> list[tuple[int, int]]:
-    """The row ranges a decode graph of `batch` sequences runs its model over: two halves from `min_batch`
-    sequences on (switch `decode_halves`; 0: never), else one range. Each half runs on its own CUDA stream, so
-    the GPU can run one half's matmuls while the other half's attention streams the KV cache."""
-    if min_batch == 0 or batch < max(min_batch, 2):
-        return [(0, batch)]
-    half = batch // 2
-    return [(0, half), (half, batch)]
-
-
 class ModelRunner:
     def __init__(
         self,
@@ -144,7 +134,6 @@ class ModelRunner:
         self.buffers = InputBuffers(max_tokens=max_tokens, layout=layout, device=self.device)
         self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
         self.graphs: DecodeGraphs | None = None
-        self._side_stream: torch.cuda.Stream | None = None
         # where the engine's start went, phase by phase; "setup": the GPU's context, the attention backend's
         # import (FlashAttention-4's takes seconds), the sampler and the input buffers
         self.startup_seconds: dict[str, float] = {"setup": time.perf_counter() - start}
@@ -323,56 +312,26 @@ class ModelRunner:
         self.buffers.clear_decode()
         # only the first size of each kernel variant runs an eager warm-up before its capture (NOTES.md change 25)
         kv_heads = self.attn_layers[0].num_kv_heads  # this rank's, as the decode kernel sees them
-        self.graphs.capture(
-            self.decode_step,
-            variant=lambda bs: tuple(decode_graph_variant(b - a, kv_heads) for a, b in self.graph_halves(bs)),
-        )
+        self.graphs.capture(self.decode_step, variant=lambda bs: decode_graph_variant(bs, kv_heads))
 
     def decode_step(self, bs: int) -> None:
         """What the decode graph of batch `bs` runs. With one GPU the whole step: feed the previous step's
-        tokens, the model, the LM head, the sampler (its tokens land in `last_sampled`). The model runs over
-        the rows of `graph_halves(bs)`: one range, or two halves on two streams that join before the LM head."""
-        v = self.buffers.decode
-        if self.sample_in_graph:
-            self.feed_pending(v["input_ids"][:bs], v["src"][:bs])
-        rows = self.graph_halves(bs)
-        if len(rows) == 1:
-            self.decode_rows(0, bs)
-        else:
-            (a, h), (_, b) = rows
-            main, side = torch.cuda.current_stream(), self.side_stream()
-            side.wait_stream(main)  # the fed tokens are in place
-            self.decode_rows(a, h)
-            with torch.cuda.stream(side):
-                self.decode_rows(h, b)
-            main.wait_stream(side)
-        if self.sample_in_graph:
-            logits = self.model.compute_logits(self.graphs.outputs[:bs])  # (bs, vocab)
-            self.sampler.race_kernel(logits, self.buffers.temperatures[:bs], out=self.last_sampled[:bs])
-
-    def decode_rows(self, a: int, b: int) -> None:
-        """The model over decode rows [a, b) of the decode buffer, into `graphs.outputs[a:b]` (current stream)."""
+        tokens, the model, the LM head, the sampler (its tokens land in `last_sampled`)."""
         v = self.buffers.decode
         # a fresh context per capture: what the layers derive from it (the page table) is made inside the graph
         set_context(
             False,
-            slot_mapping=v["slot_mapping"][a:b],
-            context_lens=v["context_lens"][a:b],
-            block_tables=v["block_tables"][a:b],
+            slot_mapping=v["slot_mapping"][:bs],
+            context_lens=v["context_lens"][:bs],
+            block_tables=v["block_tables"][:bs],
         )
-        self.graphs.outputs[a:b] = self.model(v["input_ids"][a:b], v["positions"][a:b])
+        if self.sample_in_graph:
+            self.feed_pending(v["input_ids"][:bs], v["src"][:bs])
+        self.graphs.outputs[:bs] = self.model(v["input_ids"][:bs], v["positions"][:bs])
+        if self.sample_in_graph:
+            logits = self.model.compute_logits(self.graphs.outputs[:bs])  # (bs, vocab)
+            self.sampler.race_kernel(logits, self.buffers.temperatures[:bs], out=self.last_sampled[:bs])
         reset_context()
-
-    def graph_halves(self, bs: int) -> list[tuple[int, int]]:
-        """The row ranges of the decode graph of `bs` sequences (`decode_halves`). With TP one range: two
-        streams could order a step's collectives differently on different ranks."""
-        return decode_halves(bs, SWITCHES.decode_halves if self.world_size == 1 else 0)
-
-    def side_stream(self) -> torch.cuda.Stream:
-        """The second stream of decode graphs run in halves (made once per runner)."""
-        if self._side_stream is None:
-            self._side_stream = torch.cuda.Stream(self.device)
-        return self._side_stream
 
     def exit(self) -> None:
         for m in getattr(self, "attn_layers", []):  # give the memory back (KV cache, graphs)

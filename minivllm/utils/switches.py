@@ -27,8 +27,6 @@ class Switches:
     cpu_ops: bool = True  # CPU: norms, RoPE, SiLU-mul, KV store, decode attention in C++ when built (cpu_ops.py)
     attention_compile: str = "auto"  # GPU start: where FlashAttention-4 compiles (engine/attention_compile.py)
     triton_compile: bool = True  # GPU start: our Triton kernels compile side by side on threads (triton_compile.py)
-    decode_halves: int = 0  # GPU, one rank: decode graphs of at least this many sequences run as two halves on two
-    # streams, so one half's matmuls overlap the other's attention (model_runner.decode_halves); 0: off
 
     def check(self) -> None:
         if self.decode_kernel not in DECODE_KERNELS:
@@ -38,8 +36,6 @@ class Switches:
         for name in ("pdl", "fused_prologue", "cpu_packed_linear", "triton_on_cpu", "cpu_ops", "triton_compile"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"switch {name} must be True or False, got {getattr(self, name)!r}")
-        if not isinstance(self.decode_halves, int) or isinstance(self.decode_halves, bool) or self.decode_halves < 0:
-            raise ValueError(f"switch decode_halves must be a batch size >= 0, got {self.decode_halves!r}")
         if self.compile not in (None, True, False):
             raise ValueError(f"switch compile must be None, True or False, got {self.compile!r}")
 
@@ -49,16 +45,11 @@ def env_name(name: str) -> str:
 
 
 def _parse(name: str, text: str):
-    """An environment value for field `name`: "1"/"0" for flags, "" or "auto" for compile's None, digits for
-    decode_halves."""
+    """An environment value for field `name`: "1"/"0" for flags, "" or "auto" for compile's None."""
     if name in ("decode_kernel", "attention_compile"):
         return text
     if name == "compile" and text in ("", "auto"):
         return None
-    if name == "decode_halves":
-        if not text.isdigit():
-            raise ValueError(f"{env_name(name)} must be a batch size (0: off), got {text!r}")
-        return int(text)
     if text not in ("0", "1"):
         raise ValueError(f"{env_name(name)} must be 0 or 1, got {text!r}")
     return text == "1"
