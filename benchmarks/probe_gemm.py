@@ -119,9 +119,7 @@ def main() -> None:
         dict(
             layers=LAYERS,
             rows=rows,
-            device=torch.cuda.get_device_name(),
-            torch=torch.__version__,
-            triton=triton.__version__,
+            device=torch.cuda.get_device_name(),  # save_json adds the date, command and versions
         ),
         args.out,
     )

@@ -242,9 +242,7 @@ def main() -> None:
             layers=LAYERS,
             context=args.context,
             rows=rows,
-            device=torch.cuda.get_device_name(),
-            torch=torch.__version__,
-            triton=triton.__version__,
+            device=torch.cuda.get_device_name(),  # save_json adds the date, command and versions
         ),
         args.out,
     )
