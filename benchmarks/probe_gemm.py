@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from probe_l2_prefetch import LAYERS, graph_us  # benchmarks/ is on the path when run as a script
 
 from bench import save_json
+from minivllm.testing.benchmark import COPY_BW, MATMUL_FLOPS
 
 SHAPES = {"qkv": (4096, 1024), "o": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072)}  # (N, K)
 
@@ -107,7 +108,7 @@ def main() -> None:
                     cublas_us=cublas,
                     triton_best_us=best[1],
                     best_config=best[0],
-                    floor_us=max(flops / 700e12, N * K * 2 / 4.28e12) * 1e6,
+                    floor_us=max(flops / MATMUL_FLOPS, N * K * 2 / COPY_BW) * 1e6,
                 )
             )
             print(
