@@ -183,48 +183,79 @@ def test_sampling_params_validation_names_the_field(field, value):
         SamplingParams(**{field: value})
 
 
-# --- the Triton race (the GPU path; on CPU through the Triton interpreter) ---------------------------------
-
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def test_kernel_greedy_rows_are_argmax_with_first_index_ties():
-    from minivllm.layers.sampler import gumbel_sample
+# --- the inverse-CDF kernels (the GPU's default; on CPU through the Triton interpreter) ------------------
+
+
+def test_cdf_greedy_rows_are_argmax_with_first_index_ties():
+    from minivllm.layers.sampler import inverse_cdf_sample
 
     g = torch.Generator().manual_seed(3)
-    logits = torch.randint(0, 4, (6, 70), generator=g).float().to(DEVICE)  # many ties at the max
+    logits = torch.randint(0, 4, (6, 70), generator=g).float().to(DEVICE)  # many ties at the max, 18 tiles of 4
     temps = torch.zeros(6, device=DEVICE)
-    for splits in (1, 3, 5):  # ties across splits too
-        ids = gumbel_sample(logits, temps, torch.tensor([0], device=DEVICE), block=4, splits=splits)
+    for per_program in (1, 3, 18):  # ties across programs too
+        ids = inverse_cdf_sample(logits, temps, torch.tensor([0], device=DEVICE), tile=4, tiles_per_program=per_program)
         assert torch.equal(ids, logits.argmax(-1))  # torch.argmax: first max
 
 
-def test_kernel_draw_does_not_depend_on_the_split_and_the_seed_advances():
-    from minivllm.layers.sampler import gumbel_sample
+def test_cdf_draw_does_not_depend_on_the_programs_and_the_seed_advances():
+    from minivllm.layers.sampler import inverse_cdf_sample
 
     logits = torch.randn(4, 100, generator=torch.Generator().manual_seed(1)).to(DEVICE, torch.bfloat16)
     temps = torch.tensor([1.0, 0.5, 2.0, 1.0], device=DEVICE)
     seed = torch.tensor([42], device=DEVICE)
-    draws = [gumbel_sample(logits, temps, torch.tensor([42], device=DEVICE), block=4, splits=s) for s in (1, 2, 7)]
+    draws = [
+        inverse_cdf_sample(logits, temps, torch.tensor([42], device=DEVICE), tile=4, tiles_per_program=n)
+        for n in (1, 2, 7, 25)
+    ]
     assert all(torch.equal(d, draws[0]) for d in draws)
-    again = [gumbel_sample(logits, temps, seed, block=4) for _ in range(4)]
+    again = [inverse_cdf_sample(logits, temps, seed, tile=4) for _ in range(4)]
     assert int(seed) == 46  # one step per call
     assert torch.equal(again[0], draws[0])  # same seed, same draw
-    assert len({tuple(a.tolist()) for a in again}) > 1  # new seed, new noise
+    assert len({tuple(a.tolist()) for a in again}) > 1  # new seed, new draw
+
+
+@pytest.mark.parametrize("u, expected", [(0.0, 2), (0.49, 3), (0.5, 5), (1.0, 9)])
+def test_cdf_pick_at_the_ends_of_the_cdf(u, expected):
+    """The pick kernel with its uniform set by hand: u = 0 takes the first token with mass, u = 1 (which fp32
+    rounding can produce) the last one, never a filtered (-inf) token or a column past the row; the masses here
+    are 1:1:1:1, so u < 0.5 takes the second and u = 0.5 (the CDF's step) the third."""
+    import triton
+
+    from minivllm.layers.sampler import cdf_pick_kernel, cdf_tiles_kernel
+
+    row = torch.full((1, 11), -float("inf"), device=DEVICE)  # V = 11: tiles of 4, the last one partial
+    row[0, [2, 3, 5, 9]] = 0.0  # four tokens of equal mass, in three tiles; column 10 and the rest filtered
+    temps, seed = torch.ones(1, device=DEVICE), torch.tensor([0], device=DEVICE)
+    nt = triton.cdiv(11, 4)
+    maxima, sums = torch.empty(1, nt, device=DEVICE), torch.empty(1, nt, device=DEVICE)
+    args, draw = torch.empty(1, nt, dtype=torch.int32, device=DEVICE), torch.empty(1, device=DEVICE)
+    out = torch.empty(1, dtype=torch.int64, device=DEVICE)
+    common = (row, 11, temps, seed, maxima, args, sums, draw)
+    cdf_tiles_kernel[(1, nt)](*common, 11, nt, 1, TILE=4, TB=2)
+    draw.fill_(u)
+    cdf_pick_kernel[(1,)](*common, out, 11, nt, TILE=4, NT_P2=4)
+    assert out.item() == expected
 
 
 @pytest.mark.slow
-def test_kernel_samples_softmax_of_logits_over_t():
-    """400 one-row draws (each row is one program, slow in the interpreter): chi-square against
+def test_cdf_samples_softmax_of_logits_over_t_across_tiles():
+    """600 one-row draws over 7 tokens in tiles of 2, two of them filtered (-inf): chi-square against
     softmax(l / T), and the same test rejects softmax(l), which ignores T."""
-    from minivllm.layers.sampler import gumbel_sample
+    from minivllm.layers.sampler import inverse_cdf_sample
 
-    probs = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
+    probs = torch.tensor([0.3, 0.0, 0.25, 0.2, 0.0, 0.15, 0.1], dtype=torch.float64)
     t = 0.5
-    logits = (probs.log() * t).float().repeat(400, 1).to(DEVICE)  # softmax(l / T) = probs
-    ids = gumbel_sample(logits, torch.full((400,), t, device=DEVICE), torch.tensor([7], device=DEVICE), block=4).cpu()
-    assert fits(chi2_gof(ids, probs))
-    assert not fits(chi2_gof(ids, torch.softmax(logits[0].double().cpu(), -1)))
+    logits = (probs.log() * t).float().repeat(600, 1).to(DEVICE)  # softmax(l / T) = probs; log 0 = -inf
+    ids = inverse_cdf_sample(logits, torch.full((600,), t, device=DEVICE), torch.tensor([7], device=DEVICE), tile=2)
+    ids = ids.cpu()
+    assert not ((ids == 1) | (ids == 4)).any()
+    kept = torch.tensor([0, 2, 3, 5, 6])
+    dense = torch.searchsorted(kept, ids)  # token id -> its index among the kept tokens
+    assert fits(chi2_gof(dense, probs[kept]))
+    assert not fits(chi2_gof(dense, torch.softmax(logits[0].double().cpu()[kept], -1)))
 
 
 @pytest.mark.gpu
@@ -240,3 +271,34 @@ def test_gpu_sampler_kernel_samples_p_and_greedy_rows():
     ids = sampler(big, temps)
     assert torch.equal(ids[0::2], big[0::2].argmax(-1))
     assert (ids[1::2] != big[1::2].argmax(-1)).any()
+
+
+@pytest.mark.gpu
+def test_gpu_cdf_kernels_sample_across_qwen3s_vocabulary():
+    """The inverse CDF over 151,936 columns (149 tiles), 40,000 draws in batches: PROBS's 8 tokens spread over the
+    whole row with every other column filtered (-inf) fit PROBS; and a dense row at T = 0.7 fits softmax(l / T)
+    binned into 16 column ranges (the tiles' masses combined on one scale). Each test rejects the same draws
+    against the wrong law."""
+    from minivllm.layers.sampler import inverse_cdf_sample
+
+    V, n, seed = 151936, 4_000, torch.tensor([11], device="cuda")
+    cols = torch.tensor([3, 1500, 20000, 40961, 77777, 100000, 140000, 151935])
+    spread = torch.full((V,), -float("inf"))
+    spread[cols] = PROBS.log().float()
+    dense, t = torch.randn(V, generator=torch.Generator().manual_seed(2)) * 2, 0.7
+    draws = {"spread": [], "dense": []}
+    for _ in range(N // n):
+        for name, row, temp in (("spread", spread, 1.0), ("dense", dense, t)):
+            logits = row.cuda().repeat(n, 1)  # (n, V)
+            draws[name].append(inverse_cdf_sample(logits, torch.full((n,), temp, device="cuda"), seed).cpu())
+    spread_ids, dense_ids = torch.cat(draws["spread"]), torch.cat(draws["dense"])
+    assert torch.isin(spread_ids, cols).all()
+    ranks = torch.searchsorted(cols, spread_ids)  # column -> its token of PROBS
+    assert fits(chi2_gof(ranks, PROBS)) and not fits(chi2_gof(ranks, PROBS.flip(0)))
+    edges = torch.linspace(0, V, 17).long()  # 16 column ranges
+    bins = torch.bucketize(dense_ids, edges[1:-1], right=True)
+    p = torch.softmax(dense.double() / t, -1)
+    expected = torch.stack([p[a:b].sum() for a, b in zip(edges[:-1], edges[1:])])
+    wrong = torch.softmax(dense.double(), -1)
+    wrong = torch.stack([wrong[a:b].sum() for a, b in zip(edges[:-1], edges[1:])])
+    assert fits(chi2_gof(bins, expected)) and not fits(chi2_gof(bins, wrong))

@@ -21,8 +21,8 @@ KERNELS = {  # the engine's Triton kernels on a GPU, by default (layers/)
     "attention_prologue_kernel",
     "paged_decode_kernel",
     "combine_splits_kernel",
-    "gumbel_argmax_kernel",
-    "gumbel_reduce_kernel",
+    "cdf_tiles_kernel",
+    "cdf_pick_kernel",
 }
 
 

@@ -330,7 +330,7 @@ class ModelRunner:
         self.graphs.outputs[:bs] = self.model(v["input_ids"][:bs], v["positions"][:bs])
         if self.sample_in_graph:
             logits = self.model.compute_logits(self.graphs.outputs[:bs])  # (bs, vocab)
-            self.sampler.race_kernel(logits, self.buffers.temperatures[:bs], out=self.last_sampled[:bs])
+            self.sampler.draw_kernels(logits, self.buffers.temperatures[:bs], out=self.last_sampled[:bs])
         reset_context()
 
     def exit(self) -> None:

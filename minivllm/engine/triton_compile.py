@@ -33,7 +33,7 @@ from minivllm.layers.activation import silu_and_mul_triton
 from minivllm.layers.attention_prologue import attention_prologue
 from minivllm.layers.layernorm import rms_norm_triton
 from minivllm.layers.paged_decode import paged_decode
-from minivllm.layers.sampler import gumbel_sample
+from minivllm.layers.sampler import inverse_cdf_sample
 from minivllm.models.qwen3 import ARCHITECTURES, architecture_of
 from minivllm.utils.switches import SWITCHES
 
@@ -92,7 +92,7 @@ def stand_in_launches(
     def sampler() -> None:  # the race over the filters' fp32 logits and over the LM head's own (layers/sampler.py)
         temperatures, seed = torch.ones(ROWS, device=device), zeros(1, dtype=torch.int64)
         for logits_dtype in dict.fromkeys((torch.float32, dtype)):
-            gumbel_sample(zeros(ROWS, hf.vocab_size, dtype=logits_dtype), temperatures, seed)
+            inverse_cdf_sample(zeros(ROWS, hf.vocab_size, dtype=logits_dtype), temperatures, seed)
 
     wanted = {
         norms: SWITCHES.compile is None,  # else torch.compile or eager torch (utils/compile.py)
