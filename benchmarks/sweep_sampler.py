@@ -103,11 +103,6 @@ def gumbel_sample(logits, temperatures, seed, out=None, block: int = 1024, split
 # --- the inverse CDF -------------------------------------------------------------------------------------
 
 
-def cdf(logits, temps, seed, out, **launch):
-    """inverse_cdf_sample with launch settings other than the engine's (tile, per_sm, tiles_at_once, num_warps)."""
-    return inverse_cdf_sample(logits, temps, seed, out, **launch)
-
-
 def graph_us(fn, inputs, temps, seed, out, reps: int = 10) -> float:
     """Microseconds per call in a CUDA graph of `reps` calls, each over its own logits copy (as in a decode graph,
     where the LM head has just written them): the median of 20 replays, after warm-up."""
@@ -145,14 +140,14 @@ def main() -> None:
     variants = {
         "race": lambda x, t, s, o: gumbel_sample(x, t, s, o),
         "cdf": lambda x, t, s, o: inverse_cdf_sample(x, t, s, o),
-        "cdf sm2": lambda x, t, s, o: cdf(x, t, s, o, per_sm=2),
-        "cdf sm8": lambda x, t, s, o: cdf(x, t, s, o, per_sm=8),
-        "cdf sm16": lambda x, t, s, o: cdf(x, t, s, o, per_sm=16),
-        "cdf tb1": lambda x, t, s, o: cdf(x, t, s, o, tiles_at_once=1),
-        "cdf tb8": lambda x, t, s, o: cdf(x, t, s, o, tiles_at_once=8),
-        "cdf w8": lambda x, t, s, o: cdf(x, t, s, o, num_warps=8),
-        "cdf tb8 w8": lambda x, t, s, o: cdf(x, t, s, o, tiles_at_once=8, num_warps=8),
-        "cdf t2048": lambda x, t, s, o: cdf(x, t, s, o, tile=2048),
+        "cdf sm2": lambda x, t, s, o: inverse_cdf_sample(x, t, s, o, per_sm=2),
+        "cdf sm8": lambda x, t, s, o: inverse_cdf_sample(x, t, s, o, per_sm=8),
+        "cdf sm16": lambda x, t, s, o: inverse_cdf_sample(x, t, s, o, per_sm=16),
+        "cdf tb1": lambda x, t, s, o: inverse_cdf_sample(x, t, s, o, tiles_at_once=1),
+        "cdf tb8": lambda x, t, s, o: inverse_cdf_sample(x, t, s, o, tiles_at_once=8),
+        "cdf w8": lambda x, t, s, o: inverse_cdf_sample(x, t, s, o, num_warps=8),
+        "cdf tb8 w8": lambda x, t, s, o: inverse_cdf_sample(x, t, s, o, tiles_at_once=8, num_warps=8),
+        "cdf t2048": lambda x, t, s, o: inverse_cdf_sample(x, t, s, o, tile=2048),
     }
     same_draws = {name for name in variants if name.startswith("cdf") and " t2048" not in name}
     say(

@@ -89,7 +89,7 @@ def stand_in_launches(
         for splits in (1, 2):
             paged_decode(q, cache, cache, lens, tables, h.head_dim**-0.5, splits=splits)
 
-    def sampler() -> None:  # the race over the filters' fp32 logits and over the LM head's own (layers/sampler.py)
+    def sampler() -> None:  # the draw over the filters' fp32 logits and over the LM head's own (layers/sampler.py)
         temperatures, seed = torch.ones(ROWS, device=device), zeros(1, dtype=torch.int64)
         for logits_dtype in dict.fromkeys((torch.float32, dtype)):
             inverse_cdf_sample(zeros(ROWS, hf.vocab_size, dtype=logits_dtype), temperatures, seed)
