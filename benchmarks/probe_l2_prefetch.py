@@ -14,7 +14,6 @@ Tried in the engine (commit 0a90a10) and not kept: benchmarks/NOTES.md part IX. 
 
 import argparse
 import os
-import statistics
 import sys
 
 import torch
@@ -26,6 +25,7 @@ import triton.testing
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench import save_json
 from minivllm.layers.activation import SiluAndMul
+from minivllm.testing.benchmark import graph_replay_us
 
 LAYERS = 28
 H, QKV, Q, GU, INTER = 1024, 4096, 2048, 6144, 3072
@@ -87,22 +87,9 @@ def read_kernel(ptr, n, out_ptr, BLOCK: tl.constexpr, EVICT_FIRST: tl.constexpr)
     tl.store(out_ptr + pid, tl.sum(acc))
 
 
-def graph_us(fn, reps: int = 15) -> float:
+def graph_us(fn) -> float:
     """Median microseconds per layer of `fn()` (all 28 layers) captured once in a CUDA graph."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    times = []
-    for _ in range(reps + 3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / LAYERS)
-    return statistics.median(times[3:])
+    return graph_replay_us(fn, per=LAYERS)
 
 
 @torch.inference_mode()

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from minivllm.layers.sampler import inverse_cdf_sample
+from minivllm.testing.benchmark import graph_replay_us
 
 # --- the race the engine ran on the GPU until change 33 (benchmarks/NOTES.md): the "race" column ------------
 
@@ -105,23 +106,8 @@ def gumbel_sample(logits, temperatures, seed, out=None, block: int = 1024, split
 
 def graph_us(fn, inputs, temps, seed, out, reps: int = 10) -> float:
     """Microseconds per call in a CUDA graph of `reps` calls, each over its own logits copy (as in a decode graph,
-    where the LM head has just written them): the median of 20 replays, after warm-up."""
-    for x in inputs:
-        fn(x, temps, seed, out)  # compile and warm up outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for x in inputs[:reps]:
-            fn(x, temps, seed, out)
-    times = []
-    for _ in range(23):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / reps)
-    return sorted(times[3:])[len(times[3:]) // 2]
+    where the LM head has just written them): the median of 20 replays."""
+    return graph_replay_us(lambda: [fn(x, temps, seed, out) for x in inputs[:reps]], per=reps, replays=20)
 
 
 @torch.inference_mode()

@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import sys
 
 import torch
@@ -15,6 +16,25 @@ from minivllm.sampling_params import SamplingParams
 
 COPY_BW = 4.28e12  # bytes/s, device-to-device copy on the H200 (benchmarks/RESULTS.md)
 MATMUL_FLOPS = 700e12  # bf16 dense matmul on the H200
+
+
+def graph_replay_us(fn, per: int = 1, replays: int = 15) -> float:
+    """Median microseconds of one replay of `fn()` captured once in a CUDA graph, divided by `per` (the calls or
+    layers `fn` runs): one eager call first (compiles, warms up), then `replays` timed replays after 3 untimed."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(replays + 3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / per)
+    return statistics.median(times[3:])
 
 
 def workload(
