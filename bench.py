@@ -87,8 +87,6 @@ def one_process(args) -> dict:
             assert llm.reset_prefix_cache()  # the same prompts again, none of them cached
         torch.cuda.synchronize()
         before, start = counter.snapshot(), len(llm.step_log)
-        graphs = llm.model_runner.prefill_graphs  # None: no prefill graphs (MINIVLLM_PREFILL_GRAPH=0, eager, TP)
-        replays = graphs.replays if graphs is not None else 0
         t = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - t
@@ -106,7 +104,6 @@ def one_process(args) -> dict:
                 tokens=tokens,
                 phases=phase_times(llm, start),
                 compiled=CompileCounter.delta(before, after),
-                prefill_graph_steps=graphs.replays - replays if graphs is not None else None,
                 steps=steps,
             )
         )
@@ -182,8 +179,7 @@ def summarize_gpu(result: dict) -> list[tuple[str, str]]:
             (f"{name}: import + engine init s", f"{p['import_s']:.1f} + {p['init_s']:.1f}  ({phases})"),
             (
                 f"{name}: first run s, tok/s",
-                f"{first['seconds']:.2f}, {first['tok_per_s']:.0f}  (compiled: {first['compiled']}; prefill steps"
-                f" in a graph: {first['prefill_graph_steps']} of {sum(s[0] for s in first['steps'])})",
+                f"{first['seconds']:.2f}, {first['tok_per_s']:.0f}  (compiled: {first['compiled']})",
             ),
             (
                 f"{name}: warm tok/s (median of {len(warm)})",

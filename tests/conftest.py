@@ -37,13 +37,6 @@ needs_smollm2 = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="session")
-def gpu_bf16_qwen3(tmp_path_factory) -> str:
-    """head_dim 64 and bf16: what FlashAttention-4 runs (the CPU fixtures use head_dim 16, fp32)."""
-    path = str(tmp_path_factory.mktemp("gpu_bf16_qwen3"))
-    return make_tiny_checkpoint(path, "qwen3", dtype=torch.bfloat16, hidden_size=128, head_dim=64)
-
-
-@pytest.fixture(scope="session")
 def tiny_qwen3(tmp_path_factory) -> str:
     return make_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny_qwen3")), "qwen3")
 

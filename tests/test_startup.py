@@ -70,6 +70,17 @@ def test_prefill_with_keys_from_the_cache_equals_the_fresh_path(tiny_qwen3):
 # --- on a GPU: nothing compiles after the engine has started ------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def gpu_bf16_qwen3(tmp_path_factory) -> str:
+    import torch
+
+    from minivllm.testing.tiny_model import make_tiny_checkpoint
+
+    # head_dim 64 and bf16: what FlashAttention-4 runs (the CPU fixtures use head_dim 16, fp32)
+    path = str(tmp_path_factory.mktemp("gpu_bf16_qwen3"))
+    return make_tiny_checkpoint(path, "qwen3", dtype=torch.bfloat16, hidden_size=128, head_dim=64)
+
+
 @pytest.mark.gpu
 def test_gpu_nothing_compiles_after_start(gpu_bf16_qwen3):
     """After LLM(...) returns, requests of any shape compile nothing: no FlashAttention-4 variant (one serves
@@ -93,7 +104,6 @@ def test_gpu_nothing_compiles_after_start(gpu_bf16_qwen3):
     assert delta == dict(triton=0, dynamo_graphs=0, fa4=0), (
         f"compiled after start-up: {delta}; Triton kernels {counter.triton_kernels[-delta['triton'] :]}"
     )
-    assert llm.model_runner.prefill_graphs.replays > 0  # the 700-token prompt's full chunks replayed a graph
     llm.exit()
 
 

@@ -4,8 +4,7 @@ CUDA graph for decode) and samples on rank 0. Rank 0 also sends each step to the
 (`tp_workers.py`), which run the same forward.
 
 The pieces it uses, each in its own file: `step_inputs.py` (a step's inputs on the host, and the buffers
-they reach the device through), `cuda_graphs.py` (decode graphs, and prefill graphs for steps that fill the
-token budget), `kv_cache.py` (how many blocks fit). With
+they reach the device through), `cuda_graphs.py` (decode graphs), `kv_cache.py` (how many blocks fit). With
 one GPU a decode graph holds the whole step: feeding the previous step's tokens, the model, the LM head and
 the sampler, whose tokens land in `last_sampled` (benchmarks/NOTES.md says what each of these saves)."""
 
@@ -16,11 +15,11 @@ import torch.distributed as dist
 
 from minivllm.config import Config
 from minivllm.engine import attention_compile, step_inputs, triton_compile, warmup
-from minivllm.engine.cuda_graphs import DecodeGraphs, PrefillGraphs
+from minivllm.engine.cuda_graphs import DecodeGraphs
 from minivllm.engine.kv_cache import GpuMemory, allocate_zeroed, kv_block_bytes, kv_cache_shape, num_kvcache_blocks
 from minivllm.engine.sampling_inputs import SamplingInputs, prepare_sampling, sample_tokens
 from minivllm.engine.sequence import Sequence
-from minivllm.engine.step_inputs import DecodeLayout, InputBuffers, PrefillLayout, StepInput
+from minivllm.engine.step_inputs import DecodeLayout, InputBuffers, StepInput
 from minivllm.engine.tp_workers import Reporter, Workers
 from minivllm.layers import attention_backend, cpu_linear, cpu_ops
 from minivllm.layers.attention import Attention
@@ -132,29 +131,9 @@ class ModelRunner:
         self.sample_in_graph = not self.enforce_eager and self.world_size == 1
         layout = DecodeLayout(max_seqs=config.max_num_seqs, max_blocks=self.max_num_blocks)
         max_tokens = max(config.max_num_batched_tokens, config.max_num_seqs)
-        # prefill steps that fill the token budget replay a graph (cuda_graphs.PrefillGraphs): one GPU with
-        # FlashAttention-4, whose kernel reads the step's lengths on the device (the other backends read them on
-        # the host or size their grid by the longest prompt), and a budget that a step can fill
-        self.prefill_graph_tokens = config.max_num_batched_tokens
-        prefill_graphs = (
-            self.sample_in_graph
-            and self.backend == "fa4"
-            and SWITCHES.prefill_graph
-            and self.prefill_graph_tokens <= config.max_num_seqs * config.max_model_len
-        )
-        prefill_layout = (
-            PrefillLayout(
-                max_tokens=self.prefill_graph_tokens, max_seqs=config.max_num_seqs, max_blocks=self.max_num_blocks
-            )
-            if prefill_graphs
-            else None
-        )
-        self.buffers = InputBuffers(
-            max_tokens=max_tokens, layout=layout, device=self.device, prefill_layout=prefill_layout
-        )
+        self.buffers = InputBuffers(max_tokens=max_tokens, layout=layout, device=self.device)
         self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.int64, device=self.device)
         self.graphs: DecodeGraphs | None = None
-        self.prefill_graphs: PrefillGraphs | None = None
         # where the engine's start went, phase by phase; "setup": the GPU's context, the attention backend's
         # import (FlashAttention-4's takes seconds), the sampler and the input buffers
         self.startup_seconds: dict[str, float] = {"setup": time.perf_counter() - start}
@@ -268,8 +247,6 @@ class ModelRunner:
         samples (one GPU) returns None unless `need_logits`: its tokens are in `last_sampled`."""
         if not inp.is_prefill and not self.enforce_eager:
             return self.replay(inp, need_logits)
-        if inp.is_prefill and self.prefill_graphs is not None and self.prefill_graphs.fits(len(inp.input_ids)):
-            return self.replay_prefill(inp)
         t = self.buffers.upload_step(inp)
         if inp.src is not None:
             self.feed_pending(t["input_ids"], t["src"])
@@ -296,19 +273,6 @@ class ModelRunner:
         if self.sample_in_graph and not need_logits:
             return None
         return self.model.compute_logits(self.graphs.outputs[: inp.num_seqs])
-
-    def replay_prefill(self, inp: StepInput) -> torch.Tensor:
-        """A prefill step of exactly the graphs' token count: its inputs, padded to a captured sequence count,
-        at the prefill layout's offsets; the previous step's tokens fed; the graph; then the LM head."""
-        rows = self.prefill_graphs.padded(inp.num_seqs)
-        t = self.buffers.upload_prefill(step_inputs.pad_prefill(inp, rows=rows, table_width=self.max_num_blocks))
-        if inp.src is not None:
-            self.feed_pending(t["input_ids"], t["src"])
-        self.prefill_graphs.replay(rows)
-        set_context(True, cu_seqlens_q=t["cu_seqlens_q"][: inp.num_seqs + 1])  # each sequence's last token
-        logits = self.model.compute_logits(self.prefill_graphs.outputs)
-        reset_context()
-        return logits
 
     def feed_pending(self, input_ids: torch.Tensor, src: torch.Tensor) -> None:
         """input_ids[i] = previous step's sampled token src[i] where src[i] >= 0, on the device (no sync)."""
@@ -342,41 +306,13 @@ class ModelRunner:
 
     def capture_cudagraph(self) -> None:
         hf = self.config.hf_config
-        pool = None
-        if self.buffers.prefill is not None:  # the prefill graphs first: the largest, the pool's size
-            self.prefill_graphs = PrefillGraphs(
-                tokens=self.prefill_graph_tokens,
-                max_num_seqs=self.config.max_num_seqs,
-                hidden_size=hf.hidden_size,
-                dtype=self.dtype,
-                device=self.device,
-            )
-            warmup.prefill_graph_stand_in(self)
-            pool = self.prefill_graphs.capture(self.prefill_step)
         self.graphs = DecodeGraphs(
             max_num_seqs=self.config.max_num_seqs, hidden_size=hf.hidden_size, dtype=self.dtype, device=self.device
         )
         self.buffers.clear_decode()
         # only the first size of each kernel variant runs an eager warm-up before its capture (NOTES.md change 25)
         kv_heads = self.attn_layers[0].num_kv_heads  # this rank's, as the decode kernel sees them
-        self.graphs.capture(self.decode_step, variant=lambda bs: decode_graph_variant(bs, kv_heads), pool=pool)
-
-    def prefill_step(self, rows: int) -> None:
-        """What the prefill graph of `rows` sequences runs: the model over the T tokens of the prefill buffer.
-        Every row attends in the prefill kernel (the eager path sends rows of one query to the decode kernel, a
-        grid that depends on their count); the step's longest lengths are replaced by their bounds."""
-        v, T = self.buffers.prefill, self.prefill_graphs.tokens
-        set_context(
-            True,
-            cu_seqlens_q=v["cu_seqlens_q"][: rows + 1],
-            max_seqlen_q=T,
-            max_seqlen_k=self.max_num_blocks * self.block_size,
-            slot_mapping=v["slot_mapping"],
-            context_lens=v["context_lens"][:rows],
-            block_tables=v["block_tables"][:rows],
-        )
-        self.prefill_graphs.outputs.copy_(self.model(v["input_ids"], v["positions"]))
-        reset_context()
+        self.graphs.capture(self.decode_step, variant=lambda bs: decode_graph_variant(bs, kv_heads))
 
     def decode_step(self, bs: int) -> None:
         """What the decode graph of batch `bs` runs. With one GPU the whole step: feed the previous step's
@@ -400,7 +336,7 @@ class ModelRunner:
     def exit(self) -> None:
         for m in getattr(self, "attn_layers", []):  # give the memory back (KV cache, graphs)
             m.k_cache = m.v_cache = torch.tensor([])
-        for name in ("graphs", "prefill_graphs", "kv_cache", "model"):
+        for name in ("graphs", "kv_cache", "model"):
             self.__dict__.pop(name, None)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

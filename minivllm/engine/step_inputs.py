@@ -139,16 +139,18 @@ def aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-class FixedLayout:
-    """Where each input of a captured graph lives in the persistent int32 device buffer: a graph reads the
-    same addresses at every replay. Fields in `widths()` order, each start 16-byte aligned; block_tables is
-    viewed as (max_seqs, max_blocks)."""
+@dataclass(frozen=True, slots=True)
+class DecodeLayout:
+    """Where each decode input lives in the persistent int32 device buffer, so that a captured graph reads
+    the same addresses at every replay: [input_ids S][positions S][slot_mapping S][context_lens S]
+    [block_tables S x M][src S]. Capture, replay and benchmarks/profile_decode.py all use this one layout."""
 
-    max_seqs: int  # S (the subclasses' fields)
+    max_seqs: int  # S
     max_blocks: int  # M, block-table width
 
     def widths(self) -> dict[str, int]:
-        raise NotImplementedError
+        S = self.max_seqs
+        return dict(input_ids=S, positions=S, slot_mapping=S, context_lens=S, block_tables=S * self.max_blocks, src=S)
 
     def placed(self) -> tuple[dict[str, int], int]:
         """Each field's offset (16-byte aligned), and the end of the last one: the buffer's size."""
@@ -171,94 +173,21 @@ class FixedLayout:
         return views
 
 
-@dataclass(frozen=True, slots=True)
-class DecodeLayout(FixedLayout):
-    """The decode graphs' inputs: [input_ids S][positions S][slot_mapping S][context_lens S][block_tables S x M]
-    [src S]. Capture, replay and benchmarks/profile_decode.py all use this one layout."""
-
-    max_seqs: int  # S
-    max_blocks: int  # M
-
-    def widths(self) -> dict[str, int]:
-        S = self.max_seqs
-        return dict(input_ids=S, positions=S, slot_mapping=S, context_lens=S, block_tables=S * self.max_blocks, src=S)
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillLayout(FixedLayout):
-    """The prefill graphs' inputs (cuda_graphs.PrefillGraphs): a step of exactly T tokens over up to S sequences,
-    [input_ids T][positions T][slot_mapping T][src T][context_lens S][cu_seqlens_q S + 1][block_tables S x M]."""
-
-    max_tokens: int  # T
-    max_seqs: int  # S
-    max_blocks: int  # M
-
-    def widths(self) -> dict[str, int]:
-        T, S = self.max_tokens, self.max_seqs
-        return dict(
-            input_ids=T,
-            positions=T,
-            slot_mapping=T,
-            src=T,
-            context_lens=S,
-            cu_seqlens_q=S + 1,
-            block_tables=S * self.max_blocks,
-        )
-
-
-def pad_prefill(inp: StepInput, *, rows: int, table_width: int) -> StepInput:
-    """A prefill step with block tables, padded to `rows` sequences and `table_width`-wide tables, as a prefill
-    graph reads it: the padding sequences have no queries (cu_seqlens_q stays at the step's token count) and no
-    keys (context length 0), so they write and read nothing. Only the arrays the graph reads are kept."""
-    n = inp.num_seqs
-    if inp.block_tables is None:
-        raise ValueError("a prefill graph reads its keys through block tables: the step has none")
-    if not n <= rows or inp.block_tables.shape[1] > table_width:
-        raise ValueError(f"{n} sequences, tables {inp.block_tables.shape[1]} wide: more than {rows} x {table_width}")
-    tables = np.full((rows, table_width), -1, dtype=np.int32)
-    tables[:n, : inp.block_tables.shape[1]] = inp.block_tables
-    context_lens = np.zeros(rows, dtype=np.int32)
-    context_lens[:n] = inp.context_lens
-    cu_seqlens_q = np.full(rows + 1, inp.cu_seqlens_q[-1], dtype=np.int32)
-    cu_seqlens_q[: n + 1] = inp.cu_seqlens_q
-    return StepInput(
-        is_prefill=True,
-        input_ids=inp.input_ids,
-        positions=inp.positions,
-        slot_mapping=inp.slot_mapping,
-        context_lens=context_lens,
-        block_tables=tables,
-        cu_seqlens_q=cu_seqlens_q,
-        num_seqs=n,
-        src=inp.src,
-    )
-
-
 class InputBuffers:
     """The device buffers a step's inputs land in, and the pinned host buffers they travel through. Two host
     buffers are used on alternate steps (`flip`): step N+1 is prepared while step N's copy may be queued."""
 
-    def __init__(
-        self,
-        *,
-        max_tokens: int,
-        layout: DecodeLayout,
-        device: torch.device,
-        prefill_layout: PrefillLayout | None = None,
-    ) -> None:
+    def __init__(self, *, max_tokens: int, layout: DecodeLayout, device: torch.device) -> None:
         S, pin = layout.max_seqs, device.type == "cuda"
         # a prefill's arrays, each starting aligned (up to ALIGN - 1 padding after each of 8)
         ints = max(layout.size, 5 * max_tokens + 2 * (S + 1) + S * layout.max_blocks + 8 * ALIGN)
-        ints = max(ints, prefill_layout.size if prefill_layout is not None else 0)
-        # the layouts overlap in the one buffer: every step uploads all that its graph reads before it replays
-        self.layout, self.prefill_layout = layout, prefill_layout
+        self.layout = layout
         self.host_ints = [torch.zeros(ints, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
         self.host_floats = [torch.zeros(2 * S, dtype=torch.float32, pin_memory=pin) for _ in range(2)]
         self.host_tokens = [torch.zeros(S, dtype=torch.int64, pin_memory=True) for _ in range(2)] if pin else None
         self.ints = torch.zeros(ints, dtype=torch.int32, device=device)
         self.floats = torch.zeros(2 * S, device=device)  # [temperatures S][top_ps S]
         self.decode = layout.views(self.ints)  # what the decode graphs read
-        self.prefill = prefill_layout.views(self.ints) if prefill_layout is not None else None  # the prefill graphs
         self.temperatures = self.floats[:S]
         self.parity = 0
 
@@ -284,14 +213,7 @@ class InputBuffers:
 
     def upload_decode(self, inp: StepInput) -> dict[str, torch.Tensor]:
         """A decode step's inputs at the layout's fixed offsets; returns the views of this batch."""
-        return self.upload_fixed(inp, self.layout)
-
-    def upload_prefill(self, inp: StepInput) -> dict[str, torch.Tensor]:
-        """A padded prefill step's inputs (pad_prefill) at the prefill layout's fixed offsets."""
-        return self.upload_fixed(inp, self.prefill_layout)
-
-    def upload_fixed(self, inp: StepInput, layout: FixedLayout) -> dict[str, torch.Tensor]:
-        offsets = layout.offsets()  # the layout names the fields; src only when something is fed
+        offsets = self.layout.offsets()  # the layout names the fields; src only when something is fed
         names = [n for n in offsets if getattr(inp, n) is not None]
         views = self.upload([getattr(inp, n) for n in names], [offsets[n] for n in names])
         return dict(zip(names, views))

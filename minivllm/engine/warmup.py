@@ -72,21 +72,3 @@ def warmup_attention(runner: "ModelRunner") -> None:
     seq.block_table = [b % c.num_kvcache_blocks for b in range(blocks)]
     seq.num_computed_tokens, seq.num_scheduled_tokens = cached, new
     runner.run_model(runner.prepare_prefill([seq]))
-
-
-@torch.inference_mode()
-def prefill_graph_stand_in(runner: "ModelRunner") -> None:
-    """Fill the prefill graphs' buffer with a step of exactly their token count that writes nothing (every slot
-    -1) and reads blocks of the still unused cache, padded to every captured sequence count: what capture runs
-    (cuda_graphs.PrefillGraphs). Each replay overwrites it."""
-    c = runner.config
-    T, seq_len = runner.prefill_graphs.tokens, min(c.max_model_len, runner.prefill_graphs.tokens)
-    lengths = [seq_len] * (T // seq_len) + ([T % seq_len] if T % seq_len else [])
-    seqs = [Sequence([0] * n) for n in lengths]
-    for s in seqs:
-        s.num_scheduled_tokens = len(s)
-        s.block_table = [b % c.num_kvcache_blocks for b in range(-(-len(s) // runner.block_size))]
-    inp = step_inputs.prepare_prefill(seqs, runner.block_size, keys_from_cache=True)
-    inp.slot_mapping = np.full_like(inp.slot_mapping, -1)
-    rows = c.max_num_seqs  # the largest graph reads every row
-    runner.buffers.upload_prefill(step_inputs.pad_prefill(inp, rows=rows, table_width=runner.max_num_blocks))

@@ -27,22 +27,13 @@ class Switches:
     cpu_ops: bool = True  # CPU: norms, RoPE, SiLU-mul, KV store, decode attention in C++ when built (cpu_ops.py)
     attention_compile: str = "auto"  # GPU start: where FlashAttention-4 compiles (engine/attention_compile.py)
     triton_compile: bool = True  # GPU start: our Triton kernels compile side by side on threads (triton_compile.py)
-    prefill_graph: bool = True  # GPU: prefill steps that fill the token budget replay a CUDA graph (cuda_graphs.py)
 
     def check(self) -> None:
         if self.decode_kernel not in DECODE_KERNELS:
             raise ValueError(f"unknown decode kernel {self.decode_kernel!r}; choose from {DECODE_KERNELS}")
         if self.attention_compile not in ATTENTION_COMPILE:
             raise ValueError(f"unknown attention_compile {self.attention_compile!r}; choose from {ATTENTION_COMPILE}")
-        for name in (
-            "pdl",
-            "fused_prologue",
-            "cpu_packed_linear",
-            "triton_on_cpu",
-            "cpu_ops",
-            "triton_compile",
-            "prefill_graph",
-        ):
+        for name in ("pdl", "fused_prologue", "cpu_packed_linear", "triton_on_cpu", "cpu_ops", "triton_compile"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"switch {name} must be True or False, got {getattr(self, name)!r}")
         if self.compile not in (None, True, False):
