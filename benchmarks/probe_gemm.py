@@ -70,8 +70,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="gemm_probe.json")
     ap.add_argument("--batches", default="64,128,192,256")
+    ap.add_argument(
+        "--blas", action="store_true", help="only cuBLAS against cuBLASLt (torch.backends.cuda.preferred_blas_library)"
+    )
     args = ap.parse_args()
     torch.manual_seed(0)
+    if args.blas:
+        return compare_blas(args)
     configs = [
         c
         for c in itertools.product((64, 128), (32, 64, 128), (64, 128), (4, 8), (3, 4))
@@ -124,6 +129,28 @@ def main() -> None:
         ),
         args.out,
     )
+
+
+def compare_blas(args) -> None:
+    """F.linear through torch's two BLAS paths: cuBLAS (cublasGemmEx, torch's default for a plain matmul) and
+    cuBLASLt (its own heuristics; torch uses it for matmuls with a bias). Same graphs of 28 calls."""
+    rows = []
+    for name, (N, K) in SHAPES.items():
+        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5 for _ in range(LAYERS)]
+        for M in map(int, args.batches.split(",")):
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            row = dict(shape=name, M=M, N=N, K=K)
+            for lib in ("cublas", "cublaslt", "cublas"):  # the default twice: its spread is the noise
+                torch.backends.cuda.preferred_blas_library(lib)
+                row.setdefault(f"{lib}_us", []).append(per_call_us(lambda i: F.linear(x, ws[i])))
+            torch.backends.cuda.preferred_blas_library("cublas")
+            rows.append(row)
+            print(
+                f"{name:8s} M={M:4d}: cuBLAS {' / '.join(f'{t:6.2f}' for t in row['cublas_us'])} us  "
+                f"cuBLASLt {row['cublaslt_us'][0]:6.2f} us",
+                flush=True,
+            )
+    save_json(dict(layers=LAYERS, rows=rows, device=torch.cuda.get_device_name()), args.out)
 
 
 if __name__ == "__main__":
