@@ -60,6 +60,93 @@ def gemm(x, w, y, cfg):
     )
 
 
+@triton.jit
+def gemm_split_k_kernel(
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    ATOMIC: tl.constexpr,
+):
+    """y += x[M, K] @ w[N, K].T over K split in SPLIT parts, one program per (BM, BN) tile and part: fp32 atomics
+    into y (M, N), or each part's sum stored in y (SPLIT, M, N) for the consumer to add up."""
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    k_part = K // SPLIT  # K is a multiple of SPLIT * BK here
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    rk = pid_k * k_part + tl.arange(0, BK)
+    x_ptrs = x_ptr + rm[:, None] * K + rk[None, :]
+    w_ptrs = w_ptr + rn[:, None] * K + rk[None, :]
+    acc = tl.zeros((BM, BN), tl.float32)
+    for _ in range(0, k_part, BK):
+        x = tl.load(x_ptrs, mask=rm[:, None] < M, other=0.0)
+        w = tl.load(w_ptrs, mask=rn[:, None] < N, other=0.0)
+        acc = tl.dot(x, tl.trans(w), acc)
+        x_ptrs += BK
+        w_ptrs += BK
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    if ATOMIC:
+        tl.atomic_add(y_ptr + rm[:, None] * N + rn[None, :], acc, mask=mask, sem="relaxed")
+    else:
+        tl.store(y_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], acc, mask=mask)
+
+
+def gemm_split_k(x, w, y, cfg):
+    bm, bn, bk, split, atomic = cfg
+    M, K = x.shape
+    N = w.shape[0]
+    grid = (triton.cdiv(N, bn), triton.cdiv(M, bm), split)
+    gemm_split_k_kernel[grid](
+        x, w, y, M, N, K, BM=bm, BN=bn, BK=bk, SPLIT=split, ATOMIC=atomic, num_warps=4, num_stages=3
+    )
+
+
+def compare_split_k(args) -> None:
+    """The two matmuls with 1,024 output columns (o and down: 8-16 tiles of 128 x 128 at batch 256, most SMs idle)
+    with K split over programs, against cuBLAS. The split-K times leave out what a consumer would add: zeroing an
+    atomic output for its next use, or adding up the stored parts (e.g. inside the following add + RMSNorm)."""
+    configs = list(itertools.product((64, 128), (64, 128), (64, 128), (2, 4, 8), (True, False)))
+    rows = []
+    for name in ("o", "down"):
+        N, K = SHAPES[name]
+        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5 for _ in range(LAYERS)]
+        for M in map(int, args.batches.split(",")):
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            cublas = per_call_us(lambda i: F.linear(x, ws[i]))
+            ref = F.linear(x, ws[0]).float()
+            best = {}
+            for cfg in configs:
+                bm, bn, bk, split, atomic = cfg
+                if K % (split * bk):
+                    continue
+                y = torch.zeros((1 if atomic else split) * M, N, device="cuda", dtype=torch.float32)
+                try:
+                    gemm_split_k(x, ws[0], y, cfg)
+                    got = y if atomic else y.view(split, M, N).sum(0)
+                    err = (got - ref).abs().max().item()
+                    if err > 0.02 * ref.abs().max().item() + 1e-2:
+                        raise RuntimeError(f"wrong result, error {err}")
+                    t = per_call_us(lambda i, cfg=cfg: gemm_split_k(x, ws[i], y, cfg))
+                except Exception as e:  # a tile shape the compiler refuses (shared memory)
+                    print(f"  {name} M={M} {cfg}: {type(e).__name__} {str(e)[:120]}", flush=True)
+                    continue
+                if atomic not in best or t < best[atomic][1]:
+                    best[atomic] = (cfg, t)
+            rows.append(dict(shape=name, M=M, N=N, K=K, cublas_us=cublas, best={str(k): v for k, v in best.items()}))
+            print(
+                f"{name:5s} M={M:4d}: cuBLAS {cublas:6.2f} us  split-K atomic {best[True][1]:6.2f} us {best[True][0]}  "
+                f"stored parts {best[False][1]:6.2f} us {best[False][0]}",
+                flush=True,
+            )
+    save_json(dict(layers=LAYERS, rows=rows, device=torch.cuda.get_device_name()), args.out)
+
+
 def per_call_us(fn) -> float:
     """Median microseconds per call of fn(i) captured for i = 0..27 in one CUDA graph."""
     return graph_us(lambda: [fn(i) for i in range(LAYERS)])  # graph_us divides by the 28 layers
@@ -73,10 +160,13 @@ def main() -> None:
     ap.add_argument(
         "--blas", action="store_true", help="only cuBLAS against cuBLASLt (torch.backends.cuda.preferred_blas_library)"
     )
+    ap.add_argument("--split-k", action="store_true", help="only o and down: split-K Triton GEMMs against cuBLAS")
     args = ap.parse_args()
     torch.manual_seed(0)
     if args.blas:
         return compare_blas(args)
+    if args.split_k:
+        return compare_split_k(args)
     configs = [
         c
         for c in itertools.product((64, 128), (32, 64, 128), (64, 128), (4, 8), (3, 4))
