@@ -115,9 +115,9 @@ def compare_split_k(args) -> None:
     rows = []
     for name in ("o", "down"):
         N, K = SHAPES[name]
-        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5 for _ in range(LAYERS)]
+        ws = layer_weights(N, K)
         for M in map(int, args.batches.split(",")):
-            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            x = activations(M, K)
             cublas = per_call_us(lambda i: F.linear(x, ws[i]))
             ref = F.linear(x, ws[0]).float()
             best = {}
@@ -147,6 +147,15 @@ def compare_split_k(args) -> None:
     save_json(dict(layers=LAYERS, rows=rows, device=torch.cuda.get_device_name()), args.out)
 
 
+def layer_weights(N: int, K: int) -> list[torch.Tensor]:
+    """One (N, K) bf16 weight per layer, so that 28 calls read 28 weights from DRAM, as in a step."""
+    return [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5 for _ in range(LAYERS)]
+
+
+def activations(M: int, K: int) -> torch.Tensor:
+    return torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+
+
 def per_call_us(fn) -> float:
     """Median microseconds per call of fn(i) captured for i = 0..27 in one CUDA graph."""
     return graph_us(lambda: [fn(i) for i in range(LAYERS)])  # graph_us divides by the 28 layers
@@ -174,9 +183,9 @@ def main() -> None:
     ]
     rows = []
     for name, (N, K) in SHAPES.items():
-        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5 for _ in range(LAYERS)]
+        ws = layer_weights(N, K)
         for M in map(int, args.batches.split(",")):
-            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            x = activations(M, K)
             y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
             cublas = per_call_us(lambda i: F.linear(x, ws[i]))
             ref = F.linear(x, ws[0]).float()
@@ -226,9 +235,9 @@ def compare_blas(args) -> None:
     cuBLASLt (its own heuristics; torch uses it for matmuls with a bias). Same graphs of 28 calls."""
     rows = []
     for name, (N, K) in SHAPES.items():
-        ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5 for _ in range(LAYERS)]
+        ws = layer_weights(N, K)
         for M in map(int, args.batches.split(",")):
-            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            x = activations(M, K)
             row = dict(shape=name, M=M, N=N, K=K)
             for lib in ("cublas", "cublaslt", "cublas"):  # the default twice: its spread is the noise
                 torch.backends.cuda.preferred_blas_library(lib)
