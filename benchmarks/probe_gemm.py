@@ -126,15 +126,13 @@ def compare_split_k(args) -> None:
                 if K % (split * bk):
                     continue
                 y = torch.zeros((1 if atomic else split) * M, N, device="cuda", dtype=torch.float32)
-                try:
-                    gemm_split_k(x, ws[0], y, cfg)
-                    got = y if atomic else y.view(split, M, N).sum(0)
-                    err = (got - ref).abs().max().item()
-                    if err > 0.02 * ref.abs().max().item() + 1e-2:
-                        raise RuntimeError(f"wrong result, error {err}")
-                    t = per_call_us(lambda i, cfg=cfg: gemm_split_k(x, ws[i], y, cfg))
-                except Exception as e:  # a tile shape the compiler refuses (shared memory)
-                    print(f"  {name} M={M} {cfg}: {type(e).__name__} {str(e)[:120]}", flush=True)
+                t = timed_if_right(
+                    f"{name} M={M} {cfg}",
+                    ref,
+                    lambda i, cfg=cfg, y=y: gemm_split_k(x, ws[i], y, cfg),
+                    lambda y=y, atomic=atomic, split=split: y if atomic else y.view(split, M, N).sum(0),
+                )
+                if t is None:
                     continue
                 if atomic not in best or t < best[atomic][1]:
                     best[atomic] = (cfg, t)
@@ -154,6 +152,21 @@ def layer_weights(N: int, K: int) -> list[torch.Tensor]:
 
 def activations(M: int, K: int) -> torch.Tensor:
     return torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+
+
+def timed_if_right(label: str, ref: torch.Tensor, run, result) -> float | None:
+    """run(0) once and compare result() with ref (within 2% of its largest value), then the per-call time of
+    run(i) over the 28 layers; None, the reason printed, when the compiler refuses the tile shape (shared memory)
+    or the result is wrong."""
+    try:
+        run(0)
+        err = (result() - ref).abs().max().item()
+        if err > 0.02 * ref.abs().max().item() + 1e-2:
+            raise RuntimeError(f"wrong result, error {err}")
+        return per_call_us(run)
+    except Exception as e:
+        print(f"  {label}: {type(e).__name__} {str(e)[:120]}", flush=True)
+        return None
 
 
 def per_call_us(fn) -> float:
@@ -191,14 +204,10 @@ def main() -> None:
             ref = F.linear(x, ws[0]).float()
             best = None
             for cfg in configs:
-                try:
-                    gemm(x, ws[0], y, cfg)
-                    err = (y.float() - ref).abs().max().item()
-                    if err > 0.02 * ref.abs().max().item() + 1e-2:
-                        raise RuntimeError(f"wrong result, error {err}")
-                    t = per_call_us(lambda i, cfg=cfg: gemm(x, ws[i], y, cfg))
-                except Exception as e:  # a tile shape the compiler refuses (shared memory)
-                    print(f"  {name} M={M} {cfg}: {type(e).__name__} {str(e)[:120]}", flush=True)
+                t = timed_if_right(
+                    f"{name} M={M} {cfg}", ref, lambda i, cfg=cfg: gemm(x, ws[i], y, cfg), lambda: y.float()
+                )
+                if t is None:
                     continue
                 if best is None or t < best[1]:
                     best = (cfg, t)
