@@ -1,0 +1,222 @@
+"""Can one half of a decode batch's attention run beside the other half's matmuls? (GPU)
+
+At batch 128-256 a decode step spends ~3/4 of its time in attention, which streams the KV cache at the read
+ceiling, and ~1.2 ms in matmuls and small kernels that use a fraction of the bandwidth (benchmarks/NOTES.md parts IX
+and X). Change 32 ran two halves of the batch on two streams with no order between them: slower, because both
+halves reached attention together and an attention kernel puts a program on every SM (one per KV head, sequence
+and split; one fits an SM's shared memory), so the other stream's kernels waited for its last program to be placed.
+
+This probe times what one decode step's 28 layers run (random Qwen3-0.6B-shaped weights, 28 KV caches), captured
+in one CUDA graph, under three schedules:
+- `one`: the engine's order, every row on one stream;
+- `lockstep`: two halves on two streams, no order between them (change 32);
+- `staggered`: two halves on two streams, their attention kernels alternating (A's of layer l, then B's, then A's
+  of layer l + 1, ordered by events), so that while one half's attention streams the cache the other half runs
+  its o-projection, MLP and next QKV projection;
+each with the paged decode kernel launched as the engine does or persistent (`paged_decode(programs=G)`: G
+programs that take the items from a counter, so the kernel holds at most G SMs and leaves the rest to the other
+stream). Prints milliseconds per step (median of replays) and writes JSON.
+
+  python benchmarks/probe_overlap.py --out benchmarks/results/overlap_probe.json    # on the GPU
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import save_json
+from minivllm.layers.activation import silu_and_mul_triton
+from minivllm.layers.attention_prologue import attention_prologue
+from minivllm.layers.layernorm import rms_norm_triton
+from minivllm.layers.paged_decode import paged_decode
+from minivllm.testing.benchmark import graph_replay_us
+from minivllm.utils.switches import SWITCHES
+
+LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, PAGE = 28, 1024, 16, 8, 128, 3072, 256
+EPS = 1e-6
+PHASES = [(256, 100, 1500), (192, 200, 1700), (128, 300, 1800), (96, 400, 1900), (64, 500, 2000)]  # B, ctx lo, hi
+
+
+class Step:
+    """One decode step's tensors: weights and KV caches of 28 layers, one batch's inputs."""
+
+    def __init__(self, batch: int, lo: int, hi: int) -> None:
+        g = torch.Generator().manual_seed(batch + lo)
+        dev, bf = "cuda", torch.bfloat16
+        lens = torch.randint(lo, hi + 1, (batch,), generator=g)
+        pages = (lens + PAGE - 1) // PAGE
+        order = torch.randperm(int(pages.sum()), generator=g)
+        tables = torch.zeros(batch, 4096 // PAGE, dtype=torch.int32)  # a decode graph's width
+        used = 0
+        for i, n in enumerate(pages.tolist()):
+            tables[i, :n] = order[used : used + n]
+            used += n
+        pos = lens - 1  # the new token's position
+        slots = tables[torch.arange(batch), pos // PAGE].long() * PAGE + pos % PAGE
+        self.batch = batch
+        self.lens, self.tables = lens.to(dev, torch.int32), tables.to(dev)
+        self.positions, self.slots = pos.to(dev), slots.to(dev)
+        self.kv = [
+            (torch.randn(used, PAGE, KV_HEADS, HEAD_DIM, device=dev, dtype=bf), torch.empty(0)) for _ in range(LAYERS)
+        ]
+        self.kv = [(k, torch.randn_like(k)) for k, _ in self.kv]
+        self.kv_bytes = 2 * int(lens.sum()) * KV_HEADS * HEAD_DIM * 2 * LAYERS
+
+        def w(n, k):
+            return [torch.randn(n, k, device=dev, dtype=bf) / k**0.5 for _ in range(LAYERS)]
+
+        qkv = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+        self.w_qkv, self.w_o = w(qkv, HIDDEN), w(HIDDEN, HEADS * HEAD_DIM)
+        self.w_gu, self.w_down = w(2 * INTER, HIDDEN), w(HIDDEN, INTER)
+        self.norm_w = torch.ones(HIDDEN, device=dev, dtype=bf)
+        self.qk_w = torch.ones(HEAD_DIM, device=dev, dtype=bf)
+        ang = torch.rand(4096, 1, HEAD_DIM // 2, device=dev) * 6.28
+        self.cos_sin = torch.cat([ang.cos(), ang.sin()], dim=-1).contiguous()  # (max_pos, 1, D) fp32
+        self.x = torch.randn(batch, HIDDEN, device=dev, dtype=bf)
+        # one counter per (layer, half) for persistent launches: zero, and left zero by each launch
+        self.counters = torch.zeros(LAYERS, 2, 2, dtype=torch.int32, device=dev)
+
+
+class Half:
+    """Rows [a, b) of a step, run layer by layer: pre (norm, QKV, prologue), attn, post (o, norm, MLP)."""
+
+    def __init__(self, step: Step, a: int, b: int, index: int, programs: int | None) -> None:
+        self.s, self.a, self.b, self.index, self.programs = step, a, b, index, programs
+
+    def start(self) -> None:
+        self.h, self.res = self.s.x[self.a : self.b], None
+
+    def pre(self, layer: int) -> None:
+        s, a, b = self.s, self.a, self.b
+        if self.res is None:
+            x, self.res = rms_norm_triton(self.h, s.norm_w, EPS), self.h
+        else:
+            x, self.res = rms_norm_triton(self.h, s.norm_w, EPS, self.res)
+        qkv = F.linear(x, s.w_qkv[layer])
+        k_cache, v_cache = s.kv[layer]
+        self.q, _, _ = attention_prologue(
+            qkv,
+            s.positions[a:b],
+            s.cos_sin,
+            num_heads=HEADS,
+            num_kv_heads=KV_HEADS,
+            head_dim=HEAD_DIM,
+            q_weight=s.qk_w,
+            k_weight=s.qk_w,
+            eps=EPS,
+            k_cache=k_cache,
+            v_cache=v_cache,
+            slot_mapping=s.slots[a:b],
+        )
+
+    def attn(self, layer: int) -> None:
+        s, a, b = self.s, self.a, self.b
+        k_cache, v_cache = s.kv[layer]
+        persistent = {}
+        if self.programs:
+            persistent = dict(programs=self.programs, counter=s.counters[layer, self.index])
+        self.o = paged_decode(self.q, k_cache, v_cache, s.lens[a:b], s.tables[a:b], HEAD_DIM**-0.5, **persistent)
+
+    def post(self, layer: int) -> None:
+        s = self.s
+        h = F.linear(self.o.flatten(1), s.w_o[layer])
+        x, self.res = rms_norm_triton(h, s.norm_w, EPS, self.res)
+        self.h = F.linear(silu_and_mul_triton(F.linear(x, s.w_gu[layer])), s.w_down[layer])
+
+
+def one(step: Step, programs: int | None) -> None:
+    half = Half(step, 0, step.batch, 0, programs)
+    half.start()
+    for layer in range(LAYERS):
+        half.pre(layer)
+        half.attn(layer)
+        half.post(layer)
+
+
+def halves(step: Step, programs: int | None, side: torch.cuda.Stream, staggered: bool) -> None:
+    """Half A on the current stream, half B on `side`; with `staggered`, B's attention of layer l waits for A's,
+    and A's of layer l + 1 for B's of layer l (events), so the two attention kernels never run together."""
+    main = torch.cuda.current_stream()
+    h = step.batch // 2
+    a, b = Half(step, 0, h, 0, programs), Half(step, h, step.batch, 1, programs)
+    side.wait_stream(main)
+    streams = {a: main, b: side}
+    for half in (a, b):
+        with torch.cuda.stream(streams[half]):
+            half.start()
+    last_b_attn = None
+    for layer in range(LAYERS):
+        with torch.cuda.stream(main):
+            a.pre(layer)
+            if staggered and last_b_attn is not None:
+                main.wait_event(last_b_attn)
+            a.attn(layer)
+            a_attn = torch.cuda.Event()
+            a_attn.record(main)
+            a.post(layer)
+        with torch.cuda.stream(side):
+            b.pre(layer)
+            if staggered:
+                side.wait_event(a_attn)
+            b.attn(layer)
+            last_b_attn = torch.cuda.Event()
+            last_b_attn.record(side)
+            b.post(layer)
+    main.wait_stream(side)
+
+
+@torch.inference_mode()
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="overlap_probe.json")
+    ap.add_argument("--programs", default="132,120,100,80,64", help="persistent grids to try (132: every SM)")
+    ap.add_argument("--phases", type=int, default=len(PHASES), help="how many of PHASES to run")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("probe_overlap.py times CUDA graphs on a GPU; none here")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    grids = [int(p) for p in args.programs.split(",")]
+    side = torch.cuda.Stream()
+    rows = []
+    for batch, lo, hi in PHASES[: args.phases]:
+        step = Step(batch, lo, hi)
+        # the persistent kernel against the engine's launch, one stream: the same output
+        q = torch.randn(batch, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+        k_cache, v_cache = step.kv[0]
+        want = paged_decode(q, k_cache, v_cache, step.lens, step.tables, HEAD_DIM**-0.5)
+        got = paged_decode(q, k_cache, v_cache, step.lens, step.tables, HEAD_DIM**-0.5, programs=sms // 2,
+                           counter=step.counters[0, 0])  # fmt: skip
+        assert torch.equal(got, want), "persistent launch differs from the engine's"
+        times = {}
+        variants = [("one", None, True), ("one", None, False)]
+        variants += [("one", g, False) for g in grids]
+        variants += [("lockstep", None, False), ("staggered", None, False)]
+        variants += [("staggered", g, False) for g in grids]
+        for schedule, programs, use_pdl in variants:
+            SWITCHES.pdl = use_pdl  # PDL off for two streams: the probe compares launches without it first
+            label = f"{schedule}/{programs or 'grid'}" + ("/pdl" if use_pdl else "")
+            if schedule == "one":
+                fn = lambda step=step, programs=programs: one(step, programs)
+            else:
+                fn = lambda step=step, programs=programs, st=schedule == "staggered": halves(step, programs, side, st)
+            times[label] = graph_replay_us(fn) / 1e3
+            print(f"B={batch:3d} ctx {lo}-{hi}: {label:22s} {times[label]:.3f} ms", flush=True)
+        SWITCHES.pdl = True
+        base = times["one/grid/pdl"]
+        best = min(times, key=times.get)
+        floor_ms = step.kv_bytes / 4.28e12 * 1e3
+        rows.append(dict(batch=batch, ctx=[lo, hi], kv_floor_ms=round(floor_ms, 3), engine_ms=round(base, 3),
+                         best=best, best_ms=round(times[best], 3),
+                         all_ms={k: round(v, 3) for k, v in times.items()}))  # fmt: skip
+        print(f"  engine {base:.3f} ms, best {best} {times[best]:.3f} ms (KV alone {floor_ms:.3f} ms)", flush=True)
+        del step
+        torch.cuda.empty_cache()
+    save_json(dict(rows=rows, sms=sms), args.out)
+
+
+if __name__ == "__main__":
+    main()
