@@ -13,9 +13,9 @@ in one CUDA graph, under three schedules:
 - `staggered`: two halves on two streams, their attention kernels alternating (A's of layer l, then B's, then A's
   of layer l + 1, ordered by events), so that while one half's attention streams the cache the other half runs
   its o-projection, MLP and next QKV projection;
-each with the paged decode kernel launched as the engine does or persistent (`paged_decode(programs=G)`: G
-programs that take the items from a counter, so the kernel holds at most G SMs and leaves the rest to the other
-stream). Prints milliseconds per step (median of replays) and writes JSON.
+with the paged decode kernel launched as the engine does. The first runs (benchmarks/NOTES.md change 35, results
+in `results/h200_2026-12-03h/`) also tried it persistent, G programs taking the items from a counter so that it
+holds fewer SMs (commit 9c7fcb7; removed: slower). Prints milliseconds per step (median of replays), writes JSON.
 
   python benchmarks/probe_overlap.py --out benchmarks/results/overlap_probe.json    # on the GPU
 """
@@ -39,6 +39,7 @@ from minivllm.utils.switches import SWITCHES
 LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, PAGE = 28, 1024, 16, 8, 128, 3072, 256
 EPS = 1e-6
 PHASES = [(256, 100, 1500), (192, 200, 1700), (128, 300, 1800), (96, 400, 1900), (64, 500, 2000)]  # B, ctx lo, hi
+PHASES += [(32, 700, 2000), (8, 1200, 2048)]
 
 
 class Step:
@@ -77,15 +78,13 @@ class Step:
         ang = torch.rand(4096, 1, HEAD_DIM // 2, device=dev) * 6.28
         self.cos_sin = torch.cat([ang.cos(), ang.sin()], dim=-1).contiguous()  # (max_pos, 1, D) fp32
         self.x = torch.randn(batch, HIDDEN, device=dev, dtype=bf)
-        # one counter per (layer, half) for persistent launches: zero, and left zero by each launch
-        self.counters = torch.zeros(LAYERS, 2, 2, dtype=torch.int32, device=dev)
 
 
 class Half:
     """Rows [a, b) of a step, run layer by layer: pre (norm, QKV, prologue), attn, post (o, norm, MLP)."""
 
-    def __init__(self, step: Step, a: int, b: int, index: int, programs: int | None) -> None:
-        self.s, self.a, self.b, self.index, self.programs = step, a, b, index, programs
+    def __init__(self, step: Step, a: int, b: int) -> None:
+        self.s, self.a, self.b = step, a, b
 
     def start(self) -> None:
         self.h, self.res = self.s.x[self.a : self.b], None
@@ -116,10 +115,7 @@ class Half:
     def attn(self, layer: int) -> None:
         s, a, b = self.s, self.a, self.b
         k_cache, v_cache = s.kv[layer]
-        persistent = {}
-        if self.programs:
-            persistent = dict(programs=self.programs, counter=s.counters[layer, self.index])
-        self.o = paged_decode(self.q, k_cache, v_cache, s.lens[a:b], s.tables[a:b], HEAD_DIM**-0.5, **persistent)
+        self.o = paged_decode(self.q, k_cache, v_cache, s.lens[a:b], s.tables[a:b], HEAD_DIM**-0.5)
 
     def post(self, layer: int) -> None:
         s = self.s
@@ -128,8 +124,8 @@ class Half:
         self.h = F.linear(silu_and_mul_triton(F.linear(x, s.w_gu[layer])), s.w_down[layer])
 
 
-def one(step: Step, programs: int | None) -> None:
-    half = Half(step, 0, step.batch, 0, programs)
+def one(step: Step) -> None:
+    half = Half(step, 0, step.batch)
     half.start()
     for layer in range(LAYERS):
         half.pre(layer)
@@ -137,12 +133,12 @@ def one(step: Step, programs: int | None) -> None:
         half.post(layer)
 
 
-def halves(step: Step, programs: int | None, side: torch.cuda.Stream, staggered: bool) -> None:
+def halves(step: Step, side: torch.cuda.Stream, staggered: bool) -> None:
     """Half A on the current stream, half B on `side`; with `staggered`, B's attention of layer l waits for A's,
     and A's of layer l + 1 for B's of layer l (events), so the two attention kernels never run together."""
     main = torch.cuda.current_stream()
     h = step.batch // 2
-    a, b = Half(step, 0, h, 0, programs), Half(step, h, step.batch, 1, programs)
+    a, b = Half(step, 0, h), Half(step, h, step.batch)
     side.wait_stream(main)
     streams = {a: main, b: side}
     for half in (a, b):
@@ -173,40 +169,28 @@ def halves(step: Step, programs: int | None, side: torch.cuda.Stream, staggered:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="overlap_probe.json")
-    ap.add_argument("--programs", default="132,120,100,80,64", help="persistent grids to try (132: every SM)")
     ap.add_argument("--phases", type=int, default=len(PHASES), help="how many of PHASES to run")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("probe_overlap.py times CUDA graphs on a GPU; none here")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    grids = [int(p) for p in args.programs.split(",")]
     side = torch.cuda.Stream()
     rows = []
     for batch, lo, hi in PHASES[: args.phases]:
         step = Step(batch, lo, hi)
-        # the persistent kernel against the engine's launch, one stream: the same output
-        q = torch.randn(batch, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-        k_cache, v_cache = step.kv[0]
-        want = paged_decode(q, k_cache, v_cache, step.lens, step.tables, HEAD_DIM**-0.5)
-        got = paged_decode(q, k_cache, v_cache, step.lens, step.tables, HEAD_DIM**-0.5, programs=sms // 2,
-                           counter=step.counters[0, 0])  # fmt: skip
-        assert torch.equal(got, want), "persistent launch differs from the engine's"
         times = {}
-        variants = [("one", None, True), ("one", None, False)]
-        variants += [("one", g, False) for g in grids]
-        variants += [("lockstep", None, False), ("staggered", None, False)]
-        variants += [("staggered", g, False) for g in grids]
-        for schedule, programs, use_pdl in variants:
-            SWITCHES.pdl = use_pdl  # PDL off for two streams: the probe compares launches without it first
-            label = f"{schedule}/{programs or 'grid'}" + ("/pdl" if use_pdl else "")
+        variants = [("one", True), ("one", False), ("lockstep", False), ("staggered", False)]
+        for schedule, use_pdl in variants:
+            SWITCHES.pdl = use_pdl  # the engine's launches (PDL), and all without PDL for the two streams
+            label = f"{schedule}" + ("/pdl" if use_pdl else "")
             if schedule == "one":
-                fn = lambda step=step, programs=programs: one(step, programs)
+                fn = lambda step=step: one(step)
             else:
-                fn = lambda step=step, programs=programs, st=schedule == "staggered": halves(step, programs, side, st)
+                fn = lambda step=step, st=schedule == "staggered": halves(step, side, st)
             times[label] = graph_replay_us(fn) / 1e3
             print(f"B={batch:3d} ctx {lo}-{hi}: {label:22s} {times[label]:.3f} ms", flush=True)
         SWITCHES.pdl = True
-        base = times["one/grid/pdl"]
+        base = times["one/pdl"]
         best = min(times, key=times.get)
         floor_ms = step.kv_bytes / 4.28e12 * 1e3
         rows.append(dict(batch=batch, ctx=[lo, hi], kv_floor_ms=round(floor_ms, 3), engine_ms=round(base, 3),

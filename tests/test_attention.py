@@ -205,28 +205,6 @@ def test_triton_decode_matches_reference(dtype, splits, heads_fastest, heads, kv
     assert (out[-1] == 0).all()
 
 
-@pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("programs", [1, 3])
-def test_triton_decode_persistent(splits, programs):
-    """A persistent launch (a few programs taking the items from a counter) gives the per-item launch's result,
-    leaves the counter at zero for the next launch, and a second launch on it gives the same again."""
-    from minivllm.layers.paged_decode import paged_decode
-
-    heads, kv_heads, block_size, lens = CASES[1]
-    _, k, v, _ = ragged(lens, heads, kv_heads, torch.float32)
-    num_blocks, tables, slots = paged_layout(lens, block_size, shuffle=True)
-    k_cache, v_cache = make_cache(num_blocks, block_size, kv_heads, torch.float32, k, v, slots)
-    ctx = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    q = torch.randn(len(lens), heads, HEAD_DIM, generator=torch.Generator().manual_seed(5)).to(DEVICE)
-    args = (q, k_cache, v_cache, ctx, tables.clamp(min=0), HEAD_DIM**-0.5)
-    want = paged_decode(*args, splits=splits)
-    counter = torch.zeros(2, dtype=torch.int32, device=DEVICE)
-    for _ in range(2):
-        got = paged_decode(*args, splits=splits, programs=programs, counter=counter)
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
-        assert counter.tolist() == [0, 0]
-
-
 def test_num_splits_rule():
     """The decode split count stays within what the combine kernel holds, never rises as the batch grows (a larger
     batch has more programs of its own), and leaves the batches that fill the GPU unsplit."""

@@ -15,8 +15,13 @@ import triton.language as tl
 from minivllm.utils import pdl
 
 
-@triton.jit
-def _attend_item(
+# The split count and the table stride are runtime arguments that Triton must not specialise on (by default it
+# compiles a variant per integer that is 1 or a multiple of 16): one compiled kernel for split and one for
+# unsplit launches, not one per split count (each compile costs ~1 s on a machine with no Triton cache;
+# benchmarks/NOTES.md), and the decode rows of a prefill step (block tables as wide as that step's longest)
+# run the kernel the decode graphs compiled (tables as wide as max_model_len).
+@triton.jit(do_not_specialize=["num_splits", "table_stride"])
+def paged_decode_kernel(
     q_ptr,
     k_cache_ptr,
     v_cache_ptr,
@@ -27,9 +32,6 @@ def _attend_item(
     scale,
     table_stride,
     num_splits,
-    b,
-    kvh,
-    split,
     NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     D: tl.constexpr,
@@ -37,11 +39,18 @@ def _attend_item(
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr,  # num_splits > 1: write partial results and their log-sum-exp
+    HEADS_FASTEST: tl.constexpr,  # grid (Hkv, B, splits) instead of (B, Hkv, splits): see paged_decode
     IEEE: tl.constexpr,
-    TRIGGER: tl.constexpr,  # PDL: let the next kernel launch once the main loop is done (utils/pdl.py)
+    PDL: tl.constexpr,
 ):
-    """One work item: sequence b's query heads of KV head kvh over split `split` of its context."""
+    if PDL:  # utils/pdl.py
+        pdl.wait()
+    if HEADS_FASTEST:
+        kvh, b = tl.program_id(0), tl.program_id(1)
+    else:
+        b, kvh = tl.program_id(0), tl.program_id(1)
+    split = tl.program_id(2)
     ctx = tl.load(context_lens_ptr + b)
     g = tl.arange(0, BLOCK_G)  # query heads kvh * GROUP + g, g < GROUP
     d = tl.arange(0, BLOCK_D)
@@ -83,7 +92,7 @@ def _attend_item(
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
-    if TRIGGER:
+    if PDL:
         pdl.launch_dependents()
     out = acc / tl.where(l > 0, l, 1.0)[:, None]  # an empty split or context: zeros
     o_mask = (g[:, None] < GROUP) & (d[None, :] < D)
@@ -92,72 +101,6 @@ def _attend_item(
     if SPLIT:  # log-sum-exp (base 2) of this split's scores
         lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), -float("inf"))
         tl.store(lse_ptr + (b * NUM_KV_HEADS * GROUP + heads) * num_splits + split, lse, mask=g < GROUP)
-
-
-# The split count and the table stride are runtime arguments that Triton must not specialise on (by default it
-# compiles a variant per integer that is 1 or a multiple of 16): one compiled kernel for split and one for
-# unsplit launches, not one per split count (each compile costs ~1 s on a machine with no Triton cache;
-# benchmarks/NOTES.md), and the decode rows of a prefill step (block tables as wide as that step's longest)
-# run the kernel the decode graphs compiled (tables as wide as max_model_len).
-@triton.jit(do_not_specialize=["num_splits", "table_stride", "batch"])
-def paged_decode_kernel(
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    block_tables_ptr,
-    context_lens_ptr,
-    out_ptr,
-    lse_ptr,
-    counter_ptr,
-    scale,
-    table_stride,
-    num_splits,
-    batch,
-    NUM_KV_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    D: tl.constexpr,
-    PAGE: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr,  # num_splits > 1: write partial results and their log-sum-exp
-    HEADS_FASTEST: tl.constexpr,  # grid (Hkv, B, splits) instead of (B, Hkv, splits): see paged_decode
-    PERSISTENT: tl.constexpr,  # a grid of fewer programs, each taking work items from counter_ptr: see paged_decode
-    IEEE: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    if PDL:  # utils/pdl.py
-        pdl.wait()
-    if PERSISTENT:
-        # items kvh fastest, then sequence, then split; counter_ptr[0] hands them out, counter_ptr[1] counts the
-        # programs done, and the last one resets both for the next launch
-        num_items = NUM_KV_HEADS * batch * num_splits
-        item = tl.atomic_add(counter_ptr, 1)
-        while item < num_items:
-            kvh = item % NUM_KV_HEADS
-            b = (item // NUM_KV_HEADS) % batch
-            split = item // (NUM_KV_HEADS * batch)
-            _attend_item(
-                q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, lse_ptr, scale,
-                table_stride, num_splits, b, kvh, split,
-                NUM_KV_HEADS, GROUP, D, PAGE, BLOCK_G, BLOCK_D, BLOCK_N, SPLIT, IEEE, False,
-            )  # fmt: skip
-            item = tl.atomic_add(counter_ptr, 1)
-        if PDL:
-            pdl.launch_dependents()
-        if tl.atomic_add(counter_ptr + 1, 1) == tl.num_programs(0) - 1:
-            tl.atomic_xchg(counter_ptr, 0)
-            tl.atomic_xchg(counter_ptr + 1, 0)
-    else:
-        if HEADS_FASTEST:
-            kvh, b = tl.program_id(0), tl.program_id(1)
-        else:
-            b, kvh = tl.program_id(0), tl.program_id(1)
-        _attend_item(
-            q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr, out_ptr, lse_ptr, scale,
-            table_stride, num_splits, b, kvh, tl.program_id(2),
-            NUM_KV_HEADS, GROUP, D, PAGE, BLOCK_G, BLOCK_D, BLOCK_N, SPLIT, IEEE, PDL,
-        )  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -230,17 +173,12 @@ def paged_decode(
     num_warps: int = 4,
     num_stages: int | None = None,
     heads_fastest: bool = HEADS_FASTEST,
-    programs: int | None = None,
-    counter: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q (B, H, D), caches (num_blocks, block_size, Hkv, D), context_lens (B,) int32, block_tables (B, M) int32
     with valid block ids in every entry a context reaches (padding past it is never read) -> (B, H, D).
     block_n / num_warps / num_stages: the launch configuration (default `tile_config`). heads_fastest: programs
     that run side by side read the KV heads of the same tokens (one cache row of Hkv * D values holds them all)
-    instead of one head of many sequences.
-    programs: a persistent launch of this many programs, which take the (KV head, sequence, split) items from
-    `counter` (2 int32, zero before the first launch and left zero after each; not shared by launches that may
-    run at the same time) instead of one program per item: the kernel then occupies at most that many SMs."""
+    instead of one head of many sequences."""
     B, H, D = q.shape
     default_n, default_stages = tile_config(q.dtype, D)
     block_n, num_stages = block_n or default_n, num_stages or default_stages
@@ -254,11 +192,7 @@ def paged_decode(
     partial = out if splits == 1 else torch.empty(B, H, splits, D, dtype=torch.float32, device=q.device)
     lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device) if splits > 1 else partial
     group = H // Hkv
-    if programs is not None:
-        assert counter is not None and counter.dtype == torch.int32 and counter.numel() >= 2
-        grid = (programs,)
-    else:
-        grid = (Hkv, B, splits) if heads_fastest else (B, Hkv, splits)
+    grid = (Hkv, B, splits) if heads_fastest else (B, Hkv, splits)
     paged_decode_kernel[grid](
         q,
         k_cache,
@@ -267,11 +201,9 @@ def paged_decode(
         context_lens,
         partial,
         lse,
-        counter if programs is not None else context_lens,
         scale,
         block_tables.stride(0),
         splits,
-        B,
         NUM_KV_HEADS=Hkv,
         GROUP=group,
         D=D,
@@ -281,7 +213,6 @@ def paged_decode(
         BLOCK_N=block_n,
         SPLIT=splits > 1,
         HEADS_FASTEST=heads_fastest,
-        PERSISTENT=programs is not None,
         IEEE=q.dtype == torch.float32 or not q.is_cuda,  # the interpreter's bf16 tl.dot is wrong: fp32 there
         PDL=pdl.enabled(q),
         num_warps=num_warps,
