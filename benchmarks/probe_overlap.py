@@ -3,8 +3,8 @@
 At batch 128-256 a decode step spends ~3/4 of its time in attention, which streams the KV cache at the read
 ceiling, and ~1.2 ms in matmuls and small kernels that use a fraction of the bandwidth (benchmarks/NOTES.md parts IX
 and X). Change 32 ran two halves of the batch on two streams with no order between them: slower, because both
-halves reached attention together and an attention kernel puts a program on every SM (one per KV head, sequence
-and split; one fits an SM's shared memory), so the other stream's kernels waited for its last program to be placed.
+halves reached attention together and an attention kernel puts programs on every SM (one per KV head, sequence
+and split, ~3 at a time on an SM), so the other stream's kernels waited for its last program to be placed.
 
 This probe times what one decode step's 28 layers run (random Qwen3-0.6B-shaped weights, 28 KV caches), captured
 in one CUDA graph, under three schedules:
@@ -13,9 +13,10 @@ in one CUDA graph, under three schedules:
 - `staggered`: two halves on two streams, their attention kernels alternating (A's of layer l, then B's, then A's
   of layer l + 1, ordered by events), so that while one half's attention streams the cache the other half runs
   its o-projection, MLP and next QKV projection;
-with the paged decode kernel launched as the engine does. The first runs (benchmarks/NOTES.md change 35, results
-in `results/h200_2026-12-03h/`) also tried it persistent, G programs taking the items from a counter so that it
-holds fewer SMs (commit 9c7fcb7; removed: slower). Prints milliseconds per step (median of replays), writes JSON.
+with the paged decode kernel launched as the engine does (`one` also without PDL). The first runs
+(benchmarks/NOTES.md change 35, results in `results/h200_2026-12-03h/`) also tried it persistent, G programs taking
+the items from a counter so that it holds fewer SMs (commit 9c7fcb7; removed: slower). Prints milliseconds per step
+(median of replays) and writes JSON.
 
   python benchmarks/probe_overlap.py --out benchmarks/results/overlap_probe.json    # on the GPU
 """
