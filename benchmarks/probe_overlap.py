@@ -29,12 +29,14 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from sweep_paged_decode import MAX_MODEL_LEN, inputs  # benchmarks/ is on the path when run as a script
+
 from bench import save_json
 from minivllm.layers.activation import silu_and_mul_triton
 from minivllm.layers.attention_prologue import attention_prologue
 from minivllm.layers.layernorm import rms_norm_triton
 from minivllm.layers.paged_decode import paged_decode
-from minivllm.testing.benchmark import graph_replay_us
+from minivllm.testing.benchmark import COPY_BW, graph_replay_us
 from minivllm.utils.switches import SWITCHES
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, PAGE = 28, 1024, 16, 8, 128, 3072, 256
@@ -47,26 +49,16 @@ class Step:
     """One decode step's tensors: weights and KV caches of 28 layers, one batch's inputs."""
 
     def __init__(self, batch: int, lo: int, hi: int) -> None:
-        g = torch.Generator().manual_seed(batch + lo)
         dev, bf = "cuda", torch.bfloat16
-        lens = torch.randint(lo, hi + 1, (batch,), generator=g)
-        pages = (lens + PAGE - 1) // PAGE
-        order = torch.randperm(int(pages.sum()), generator=g)
-        tables = torch.zeros(batch, 4096 // PAGE, dtype=torch.int32)  # a decode graph's width
-        used = 0
-        for i, n in enumerate(pages.tolist()):
-            tables[i, :n] = order[used : used + n]
-            used += n
-        pos = lens - 1  # the new token's position
-        slots = tables[torch.arange(batch), pos // PAGE].long() * PAGE + pos % PAGE
+        _, k, v, self.lens, tables = inputs(batch, lo, hi, longest_first=False)  # sweep_paged_decode.py's batch
+        pad = tables[:, :1].expand(batch, MAX_MODEL_LEN // PAGE - tables.shape[1])  # a decode graph's width
+        self.tables = torch.cat([tables, pad], dim=1).contiguous()
+        pos = self.lens.long() - 1  # the new token's position
+        self.positions = pos
+        self.slots = self.tables[torch.arange(batch, device=dev), pos // PAGE].long() * PAGE + pos % PAGE
         self.batch = batch
-        self.lens, self.tables = lens.to(dev, torch.int32), tables.to(dev)
-        self.positions, self.slots = pos.to(dev), slots.to(dev)
-        self.kv = [
-            (torch.randn(used, PAGE, KV_HEADS, HEAD_DIM, device=dev, dtype=bf), torch.empty(0)) for _ in range(LAYERS)
-        ]
-        self.kv = [(k, torch.randn_like(k)) for k, _ in self.kv]
-        self.kv_bytes = 2 * int(lens.sum()) * KV_HEADS * HEAD_DIM * 2 * LAYERS
+        self.kv = [(k, v)] + [(torch.randn_like(k), torch.randn_like(v)) for _ in range(LAYERS - 1)]
+        self.kv_bytes = 2 * int(self.lens.sum()) * KV_HEADS * HEAD_DIM * 2 * LAYERS
 
         def w(n, k):
             return [torch.randn(n, k, device=dev, dtype=bf) / k**0.5 for _ in range(LAYERS)]
@@ -141,10 +133,8 @@ def halves(step: Step, side: torch.cuda.Stream, staggered: bool) -> None:
     h = step.batch // 2
     a, b = Half(step, 0, h), Half(step, h, step.batch)
     side.wait_stream(main)
-    streams = {a: main, b: side}
-    for half in (a, b):
-        with torch.cuda.stream(streams[half]):
-            half.start()
+    a.start()
+    b.start()
     last_b_attn = None
     for layer in range(LAYERS):
         with torch.cuda.stream(main):
@@ -193,7 +183,7 @@ def main() -> None:
         SWITCHES.pdl = True
         base = times["one/pdl"]
         best = min(times, key=times.get)
-        floor_ms = step.kv_bytes / 4.28e12 * 1e3
+        floor_ms = step.kv_bytes / COPY_BW * 1e3
         rows.append(dict(batch=batch, ctx=[lo, hi], kv_floor_ms=round(floor_ms, 3), engine_ms=round(base, 3),
                          best=best, best_ms=round(times[best], 3),
                          all_ms={k: round(v, 3) for k, v in times.items()}))  # fmt: skip
