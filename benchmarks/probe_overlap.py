@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from sweep_paged_decode import MAX_MODEL_LEN, inputs  # benchmarks/ is on the path when run as a script
+# benchmarks/ is on the path when run as a script; the batch, its tables and the attention's shape are the sweep's
+from sweep_paged_decode import HKV, LAYERS, MAX_MODEL_LEN, PAGE, D, H, inputs
 
 from bench import save_json
 from minivllm.layers.activation import silu_and_mul_triton
@@ -39,7 +40,8 @@ from minivllm.layers.paged_decode import paged_decode
 from minivllm.testing.benchmark import COPY_BW, graph_replay_us
 from minivllm.utils.switches import SWITCHES
 
-LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, PAGE = 28, 1024, 16, 8, 128, 3072, 256
+HEADS, KV_HEADS, HEAD_DIM = H, HKV, D
+HIDDEN, INTER = 1024, 3072  # Qwen3-0.6B's
 EPS = 1e-6
 PHASES = [(256, 100, 1500), (192, 200, 1700), (128, 300, 1800), (96, 400, 1900), (64, 500, 2000)]  # B, ctx lo, hi
 PHASES += [(32, 700, 2000), (8, 1200, 2048)]
