@@ -3,6 +3,7 @@ displays it (plt.show() under the inline backend; `matplotlib.use("Agg")` would 
 outputs hold the images, and each image stays small (the repository and a GPU machine's upload stay light)."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,16 @@ def test_images_are_small(path):
     for c in code_cells(path):
         for png in images(c):
             assert len(png) <= MAX_IMAGE_CHARS, f"{path.name} cell {c['execution_count']}: image of {len(png)} chars"
+
+
+TRACKED_FIGURE = re.compile(r"""savefig\(\s*f?["'](?:\.\./)?figures/""")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_runs_do_not_rewrite_tracked_figures(path):
+    """Running the course leaves `git status` clean: a notebook saves its figures under build/figures/
+    (`minivllm.testing.notebooks.figures_dir()`, git-ignored), never into the tracked figures/."""
+    for c in code_cells(path):
+        assert not TRACKED_FIGURE.search(source(c)), (
+            f"{path.name} cell {c['execution_count']}: saves into the tracked figures/; save to figures_dir()"
+        )
