@@ -93,12 +93,18 @@ def one_process(args) -> dict:
     return dict(import_s=import_s, init_s=init_s, short_prompt_s=short_s, **facts, runs=runs, floor=floor)
 
 
+def child_command(model: str) -> list[str]:
+    """One fresh process of the GPU procedure: this script with this run's own arguments (so an option added to
+    parse_args reaches the child too), the model made here, and --child."""
+    return [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--child", "--model", model]
+
+
 def run_gpu(args) -> dict:
     """Two fresh processes of `one_process`: bare (empty compile caches), then cached (what the first left)."""
     cache_root = args.compile_cache or tempfile.mkdtemp(prefix="minivllm-bench-caches-")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.update({name: os.path.join(cache_root, sub) for name, sub in CACHE_ENV.items()})
-    child = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--child", "--model", args.model]
+    child = child_command(args.model)
     result = dict(compile_cache_dir=cache_root, processes={})
     for name in ("bare", "cached"):
         dirs = [os.path.join(cache_root, d) for d in CACHE_ENV.values()]
