@@ -18,7 +18,7 @@
 #   serve       the serving and sampling tests on CUDA (test_server, test_async_engine, test_offline_api,
 #               test_sampling_features: their engines take the GPU when there is one), then
 #               benchmarks/bench_serve.py on bench.py's random Qwen3-0.6B -> DIR/results/serve_gpu.json and
-#               DIR/results/16_serving_gpu.png, the server's own log in DIR/serve_server.log
+#               DIR/serve_gpu.png (TTFT and TPOT against concurrency), the server's own log in DIR/serve_server.log
 #   bench       python3 bench.py (TP=1, nano-vllm's workload)      -> DIR/results/first_run_gpu.json
 #   bench-tp2   python3 bench.py --tp 2 (two GPUs)                  -> DIR/results/first_run_gpu_tp2.json
 #   profile     benchmarks/profile_decode.py (decode-graph replay per batch size) -> DIR/results/decode_replay.txt
@@ -119,7 +119,7 @@ for part in "${parts[@]}"; do
       run_part serve-tests "${PYTEST[@]}" tests/test_server.py tests/test_async_engine.py tests/test_offline_api.py \
         tests/test_sampling_features.py
       run_part serve-bench python3 benchmarks/bench_serve.py --model random-qwen3-0.6b \
-        --out "$out/results/serve_gpu.json" --figure "$out/results/16_serving_gpu.png" \
+        --out "$out/results/serve_gpu.json" --figure "$out/serve_gpu.png" \
         --server-log "$out/serve_server.log" --server-log-level info ;;
     bench)
       run_part bench python3 bench.py --out "$out/results/first_run_gpu.json" ;;
