@@ -1,6 +1,7 @@
 """What the benchmarks share (bench.py, benchmarks/, scripts/ and notebook 15): nano-vllm's benchmark
-workload, the roofline floor of a run from the machine's measured ceilings, per-phase times from the engine's
-step log, and JSON results that carry their date, command and package versions."""
+workload (and the CPU comparison's chat prompts and transformers reference), the roofline floor of a run from the
+machine's measured ceilings, per-phase times from the engine's step log, what bench.py records of an engine's start,
+and JSON results that carry their date, command and package versions."""
 
 import datetime
 import json
@@ -9,6 +10,8 @@ import platform
 import random
 import statistics
 import sys
+import threading
+import time
 
 import torch
 
@@ -160,8 +163,6 @@ def engine_facts(llm, counter) -> dict:
     CompileCounter made before the engine) saw in init: [kernel, seconds, thread] and [kernel, specialisation
     key] each, and how many ran on the main thread (the engine compiles its kernels on threads of its own, so a
     compile there is one the start waited for). The one reader of engine internals for bench.py."""
-    import threading
-
     from minivllm.layers import attention_backend
 
     runner = llm.model_runner
@@ -184,8 +185,6 @@ def engine_facts(llm, counter) -> dict:
 def transformers_greedy(model: str, prompts: list[list[int]], max_tokens: int, dtype: str, pad: int):
     """bench.py --cpu's reference: transformers' batched greedy `generate` of exactly `max_tokens` new tokens per
     prompt (left-padded), timed after a 4-token warm-up. Returns (seconds, the new tokens of each prompt)."""
-    import time
-
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
