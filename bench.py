@@ -13,6 +13,7 @@ CPU (--cpu): the embedded SmolLM2-135M-Instruct, 16 chat prompts x 64 greedy tok
 transformers' generate on the same prompts, in float32 and bfloat16.
 
   python3 bench.py                  # GPU: bare and cached processes, first run vs warm
+  python3 bench.py --tp 2           # the same on two GPUs
   python3 bench.py --cpu            # CPU: the engine vs transformers on SmolLM2
 """
 
@@ -28,8 +29,7 @@ T_START = time.perf_counter()
 
 import torch  # noqa: E402
 
-from minivllm.engine.triton_compile import THREAD_PREFIX  # noqa: E402
-from minivllm.testing.benchmark import phase_times, roofline, save_json, workload  # noqa: E402
+from minivllm.testing import benchmark as bm  # noqa: E402
 from minivllm.testing.compile_counter import CompileCounter  # noqa: E402
 from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint  # noqa: E402
 
@@ -39,91 +39,64 @@ CACHE_ENV = {  # where each compiler keeps its on-disk cache
     "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": "flash_attention_cute",
     "CUDA_CACHE_PATH": "cuda_driver",  # the driver's cache of PTX it compiled for this GPU, whoever loaded the PTX
 }
-QUESTIONS = [
-    "What is the capital of France?",
-    "Name three primary colors.",
-    "Write a haiku about the sea.",
-    "What is 12 times 7?",
-    "Give me a synonym for happy.",
-    "Why is the sky blue?",
-    "What does a bee make?",
-    "Translate 'good morning' into Spanish.",
-    "How many legs does a spider have?",
-    "What is the boiling point of water?",
-    "Name a planet in our solar system.",
-    "What is the opposite of cold?",
-    "Who wrote Romeo and Juliet?",
-    "What color is a banana?",
-    "Suggest a name for a cat.",
-    "What is the largest ocean?",
-]
 
 
 # --- GPU: one process of nano-vllm's procedure --------------------------------------------------------------
 
 
+def timed_run(llm, counter: CompileCounter, prompts: list[list[int]], params: list) -> dict:
+    """One timed run of the workload: seconds, tokens, the phases of its steps, what compiled inside it, and its
+    step timeline ([is_prefill, running sequences, ms] per step)."""
+    torch.cuda.synchronize()
+    before, start = counter.snapshot(), len(llm.step_log)
+    t = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - t
+    tokens = sum(len(o.token_ids) for o in outputs)
+    assert tokens == sum(p.max_tokens for p in params), "every request must produce exactly max_tokens tokens"
+    steps = [
+        [int(s.is_prefill), s.num_seqs, round((s.schedule + s.run + s.postprocess) * 1e3, 3)]
+        for s in llm.step_log[start:]
+    ]
+    compiled = CompileCounter.delta(before, counter.snapshot())
+    return dict(
+        seconds=seconds,
+        tok_per_s=tokens / seconds,
+        tokens=tokens,
+        phases=bm.phase_times(llm, start),
+        compiled=compiled,
+        steps=steps,
+    )
+
+
 def one_process(args) -> dict:
     """nano-vllm's procedure in this process: init, one short prompt, then `runs` timed runs of the workload."""
     from minivllm import LLM, SamplingParams
-    from minivllm.layers import attention_backend
 
-    counter = CompileCounter()
+    counter = CompileCounter()  # before the engine: it counts init's compiles too
     import_s = time.perf_counter() - T_START
     t = time.perf_counter()
     llm = LLM(args.model, tensor_parallel_size=args.tp, enforce_eager=args.enforce_eager, max_model_len=4096)
     init_s = time.perf_counter() - t
-    init_compiles = [  # [kernel, seconds, the thread it compiled on]
-        [name, round(s, 3), thread]
-        for name, s, thread in zip(counter.triton_kernels, counter.triton_seconds, counter.triton_threads)
-    ]
-    init_keys = [[name, key] for name, key in zip(counter.triton_kernels, counter.triton_keys)]
+    facts = bm.engine_facts(llm, counter)
     t = time.perf_counter()
     llm.generate(["Benchmark: "], SamplingParams(temperature=1.0, max_tokens=64), use_tqdm=False)
     short_s = time.perf_counter() - t
-    prompts, params = workload(0, args.num_seqs, 100, args.max_input_len, args.max_output_len)
+    prompts, params = bm.workload(0, args.num_seqs, 100, args.max_input_len, args.max_output_len)
     runs = []
     for r in range(args.runs):
         if r:
             assert llm.reset_prefix_cache()  # the same prompts again, none of them cached
-        torch.cuda.synchronize()
-        before, start = counter.snapshot(), len(llm.step_log)
-        t = time.perf_counter()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        seconds = time.perf_counter() - t
-        after = counter.snapshot()
-        tokens = sum(len(o.token_ids) for o in outputs)
-        assert tokens == sum(p.max_tokens for p in params), "every request must produce exactly max_tokens tokens"
-        steps = [
-            [int(s.is_prefill), s.num_seqs, round((s.schedule + s.run + s.postprocess) * 1e3, 3)]
-            for s in llm.step_log[start:]
-        ]
-        runs.append(
-            dict(
-                seconds=seconds,
-                tok_per_s=tokens / seconds,
-                tokens=tokens,
-                phases=phase_times(llm, start),
-                compiled=CompileCounter.delta(before, after),
-                steps=steps,
-            )
-        )
-    floor = roofline(llm.config.hf_config, [len(p) for p in prompts], [p.max_tokens for p in params])
-    result = dict(
-        import_s=import_s,
-        init_s=init_s,
-        short_prompt_s=short_s,
-        startup_phases=llm.model_runner.startup_seconds,
-        init_triton_compiles=init_compiles,  # [kernel, seconds, thread] of each Triton compile (or cache load) in init
-        init_triton_keys=init_keys,  # [kernel, what Triton specialised that compile on]
-        runs=runs,
-        floor=floor,
-        backend=llm.model_runner.backend,
-        decode_kernel=attention_backend.decode_kernel(llm.model_runner.backend),
-        kv_cache_blocks=llm.config.num_kvcache_blocks,
-        device=torch.cuda.get_device_name(),
-    )
+        runs.append(timed_run(llm, counter, prompts, params))
+    floor = bm.roofline(llm.config.hf_config, [len(p) for p in prompts], [p.max_tokens for p in params])
     llm.exit()
-    return result
+    return dict(import_s=import_s, init_s=init_s, short_prompt_s=short_s, **facts, runs=runs, floor=floor)
+
+
+def child_command(model: str) -> list[str]:
+    """One fresh process of the GPU procedure: this script with this run's own arguments (so an option added to
+    parse_args reaches the child too), the model made here, and --child."""
+    return [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--child", "--model", model]
 
 
 def run_gpu(args) -> dict:
@@ -131,31 +104,11 @@ def run_gpu(args) -> dict:
     cache_root = args.compile_cache or tempfile.mkdtemp(prefix="minivllm-bench-caches-")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.update({name: os.path.join(cache_root, sub) for name, sub in CACHE_ENV.items()})
-    child = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--child",
-        "--model",
-        args.model,
-        "--runs",
-        str(args.runs),
-        "--num-seqs",
-        str(args.num_seqs),
-        "--max-input-len",
-        str(args.max_input_len),
-        "--max-output-len",
-        str(args.max_output_len),
-        "--tp",
-        str(args.tp),
-    ]
-    child += ["--enforce-eager"] if args.enforce_eager else []
+    child = child_command(args.model)
     result = dict(compile_cache_dir=cache_root, processes={})
     for name in ("bare", "cached"):
-        if name == "bare" and any(
-            os.listdir(os.path.join(cache_root, d))
-            for d in CACHE_ENV.values()
-            if os.path.isdir(os.path.join(cache_root, d))
-        ):
+        dirs = [os.path.join(cache_root, d) for d in CACHE_ENV.values()]
+        if name == "bare" and any(os.path.isdir(d) and os.listdir(d) for d in dirs):
             raise SystemExit(f"--compile-cache {cache_root} is not empty: a bare run needs empty caches")
         t = time.perf_counter()
         out = subprocess.run(child, env=env, capture_output=True, text=True)
@@ -167,7 +120,7 @@ def run_gpu(args) -> dict:
     return result
 
 
-def summarize_gpu(result: dict) -> list[tuple[str, str]]:
+def summarize_gpu(result: dict) -> tuple[str, list[tuple[str, str]]]:
     rows = []
     for name, p in result["processes"].items():
         first, warm = p["runs"][0], p["runs"][1:]
@@ -175,12 +128,10 @@ def summarize_gpu(result: dict) -> list[tuple[str, str]]:
         p["first_over_warm"] = first["tok_per_s"] / warm_tps
         p["warm_tok_per_s"] = warm_tps
         phases = " ".join(f"{k} {v:.1f}" for k, v in p["startup_phases"].items())
+        compiles = p["init_triton_compiles"]
         rows += [
             (f"{name}: import + engine init s", f"{p['import_s']:.1f} + {p['init_s']:.1f}  ({phases})"),
-            (
-                f"{name}: first run s, tok/s",
-                f"{first['seconds']:.2f}, {first['tok_per_s']:.0f}  (compiled: {first['compiled']})",
-            ),
+            (f"{name}: first run s, tok/s", f"{first['seconds']:.2f}, {first['tok_per_s']:.0f}  ({first['compiled']})"),
             (
                 f"{name}: warm tok/s (median of {len(warm)})",
                 f"{warm_tps:.0f}  (runs: " + ", ".join(f"{r['tok_per_s']:.0f}" for r in warm) + ")",
@@ -188,8 +139,8 @@ def summarize_gpu(result: dict) -> list[tuple[str, str]]:
             (f"{name}: first / warm", f"{p['first_over_warm']:.2f}"),
             (
                 f"{name}: Triton kernels in init",
-                f"{len(p['init_triton_compiles'])}, {sum(c[1] for c in p['init_triton_compiles']):.1f} s"
-                f" ({sum(not c[2].startswith(THREAD_PREFIX) for c in p['init_triton_compiles'])} on the main thread)",
+                f"{len(compiles)}, {sum(c[1] for c in compiles):.1f} s ({p['init_main_thread_compiles']} on the "
+                "main thread)",
             ),
         ]
     p = result["processes"]["cached"]
@@ -202,25 +153,26 @@ def summarize_gpu(result: dict) -> list[tuple[str, str]]:
         ("floor tok/s", f"{p['runs'][0]['tokens'] / f['floor_s']:.0f}"),
         ("backend", p["backend"]),
     ]
-    return rows
+    return f"nano-vllm's procedure on {p['device']}", rows
 
 
 # --- CPU: the engine against transformers on the embedded model --------------------------------------------
 
 
 def run_cpu(args) -> dict:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The engine against transformers' generate on the same chat prompts, in float32 and bfloat16."""
+    from transformers import AutoTokenizer
 
     from minivllm import LLM, SamplingParams
     from minivllm.utils.default_model import default_model_dir
 
     model = args.model or default_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(model)
-    chats = [[{"role": "user", "content": q}] for q in QUESTIONS[: args.num_seqs]]
+    chats = [[{"role": "user", "content": q}] for q in bm.CHAT_QUESTIONS[: args.num_seqs]]
     texts = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
     prompts = [tokenizer.encode(t) for t in texts]  # as the engine (and the CLI) tokenizes a text prompt
-    n = args.max_output_len
-    rows = {}
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    n, tokens, rows = args.max_output_len, len(prompts) * args.max_output_len, {}
     for dtype in ("float32", "bfloat16"):
         llm = LLM(model, dtype=dtype)
         llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
@@ -228,31 +180,8 @@ def run_cpu(args) -> dict:
         outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
         engine_s = time.perf_counter() - t
         llm.exit()
-        hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
-        width = max(len(p) for p in prompts)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # left padding
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        hf.generate(input_ids=ids[:1], attention_mask=mask[:1], do_sample=False, max_new_tokens=4, pad_token_id=pad)
-        t = time.perf_counter()
-        with torch.inference_mode():
-            ref = hf.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                do_sample=False,
-                max_new_tokens=n,
-                min_new_tokens=n,
-                pad_token_id=pad,
-            )
-        hf_s = time.perf_counter() - t
-        del hf
-        eos = set(llm.eos)
-        # the engine's ignore_eos may pick EOS and go on; transformers' min_new_tokens masks it: compare up to it
-        same = 0
-        for o, r in zip(outputs, ref[:, width:].tolist()):
-            cut = next((i for i, t in enumerate(o.token_ids) if t in eos), n)
-            same += o.token_ids[:cut] == r[:cut]
-        tokens = len(prompts) * n
+        hf_s, reference = bm.transformers_greedy(model, prompts, n, dtype, pad)
+        same = bm.greedy_agreement([o.token_ids for o in outputs], reference, set(llm.eos))
         rows[dtype] = dict(
             tokens=tokens,
             seconds=engine_s,
@@ -272,10 +201,22 @@ def run_cpu(args) -> dict:
     )
 
 
+def summarize_cpu(result: dict) -> tuple[str, list[tuple[str, str]]]:
+    rows = []
+    for dtype, r in result["dtypes"].items():
+        rows += [
+            (f"{dtype}: minivllm s, tok/s", f"{r['seconds']:.2f}, {r['tok_per_s']:.1f}"),
+            (f"{dtype}: transformers s, tok/s", f"{r['hf_seconds']:.2f}, {r['hf_tok_per_s']:.1f}"),
+            (f"{dtype}: speed-up", f"{r['speedup']:.2f}x"),
+            (f"{dtype}: greedy tokens identical", r["greedy_identical"]),
+        ]
+    return f"{result['num_seqs']} chat prompts x {result['max_tokens']} tokens, {result['model']}, CPU", rows
+
+
 # --- main ----------------------------------------------------------------------------------------------------
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--model",
@@ -296,36 +237,32 @@ def main() -> None:
     )
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one process of the GPU procedure
     args = ap.parse_args()
-    cpu = args.cpu or not torch.cuda.is_available()
-    args.num_seqs = args.num_seqs or (16 if cpu else 256)
-    args.max_output_len = args.max_output_len or (64 if cpu else 1024)
-    if args.child:
+    args.cpu = args.cpu or not torch.cuda.is_available()
+    args.num_seqs = args.num_seqs or (16 if args.cpu else 256)
+    args.max_output_len = args.max_output_len or (64 if args.cpu else 1024)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.child:  # the GPU procedure's fresh process: its result is the last line of its stdout
         print(json.dumps(one_process(args)))
         return
-    if cpu:
+    if args.cpu:
         result = run_cpu(args)
-        rows = []
-        for dtype, r in result["dtypes"].items():
-            rows += [
-                (f"{dtype}: minivllm s, tok/s", f"{r['seconds']:.2f}, {r['tok_per_s']:.1f}"),
-                (f"{dtype}: transformers s, tok/s", f"{r['hf_seconds']:.2f}, {r['hf_tok_per_s']:.1f}"),
-                (f"{dtype}: speed-up", f"{r['speedup']:.2f}x"),
-                (f"{dtype}: greedy tokens identical", r["greedy_identical"]),
-            ]
-        title = f"{result['num_seqs']} chat prompts x {result['max_tokens']} tokens, {result['model']}, CPU"
+        title, rows = summarize_cpu(result)
     else:
         args.model = args.model or make_tiny_checkpoint(
             os.path.join(args.cache, "qwen3-0.6b-random"), "qwen3", dtype=torch.bfloat16, **QWEN3_0_6B
         )
         result = run_gpu(args)
-        rows = summarize_gpu(result)
-        title = f"nano-vllm's procedure on {result['processes']['cached']['device']}"
+        title, rows = summarize_gpu(result)
     width = max(len(k) for k, _ in rows)
     print(f"minivllm bench: {title}")
     for k, v in rows:
         print(f"  {k:<{width}}  {v}")
-    name = "throughput_cpu.json" if cpu else "first_run_gpu.json"  # GPU: first run and warm runs, bare and cached
-    save_json(result, args.out or os.path.join("benchmarks", "results", name))
+    name = "throughput_cpu.json" if args.cpu else "first_run_gpu.json"  # GPU: first run and warm runs, bare and cached
+    bm.save_json(result, args.out or os.path.join("benchmarks", "results", name))
 
 
 if __name__ == "__main__":

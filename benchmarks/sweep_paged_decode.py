@@ -7,7 +7,7 @@ default tiles, on the batches and contexts of the benchmark's phases (from 256 s
 down to 8 of 1,200-2,048).
 --graph (with --grid): time what a decode graph runs instead of one call between L2 flushes: the
 calls of all 28 layers (each its own K/V cache) captured in one CUDA graph, per layer. Single calls of a few tens
-of microseconds read bimodally from run to run (NOTES.md part V); the graph's replays do not.
+of microseconds read bimodally from run to run (HISTORY.md, 2026-12-01); the graph's replays do not.
 
   python benchmarks/sweep_paged_decode.py --out benchmarks/results/sweep_paged_decode.json
   python benchmarks/sweep_paged_decode.py --grid --out benchmarks/results/sweep_paged_decode_grid.json

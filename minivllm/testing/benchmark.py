@@ -1,6 +1,7 @@
 """What the benchmarks share (bench.py, benchmarks/, scripts/ and notebook 15): nano-vllm's benchmark
-workload, the roofline floor of a run from the machine's measured ceilings, per-phase times from the engine's
-step log, and JSON results that carry their date, command and package versions."""
+workload (and the CPU comparison's chat prompts and transformers reference), the roofline floor of a run from the
+machine's measured ceilings, per-phase times from the engine's step log, what bench.py records of an engine's start,
+and JSON results that carry their date, command and package versions."""
 
 import datetime
 import json
@@ -9,6 +10,8 @@ import platform
 import random
 import statistics
 import sys
+import threading
+import time
 
 import torch
 
@@ -16,6 +19,26 @@ from minivllm.sampling_params import SamplingParams
 
 COPY_BW = 4.28e12  # bytes/s, device-to-device copy on the H200 (benchmarks/RESULTS.md)
 MATMUL_FLOPS = 700e12  # bf16 dense matmul on the H200
+
+
+CHAT_QUESTIONS = [  # bench.py --cpu's prompts, one chat turn each
+    "What is the capital of France?",
+    "Name three primary colors.",
+    "Write a haiku about the sea.",
+    "What is 12 times 7?",
+    "Give me a synonym for happy.",
+    "Why is the sky blue?",
+    "What does a bee make?",
+    "Translate 'good morning' into Spanish.",
+    "How many legs does a spider have?",
+    "What is the boiling point of water?",
+    "Name a planet in our solar system.",
+    "What is the opposite of cold?",
+    "Who wrote Romeo and Juliet?",
+    "What color is a banana?",
+    "Suggest a name for a cat.",
+    "What is the largest ocean?",
+]
 
 
 def graph_replay_us(fn, per: int = 1, replays: int = 15) -> float:
@@ -132,3 +155,61 @@ def save_json(result: dict, out: str) -> None:
     with open(out, "w") as fh:
         json.dump(result, fh, indent=1)
     print(f"wrote {out}")
+
+
+def engine_facts(llm, counter) -> dict:
+    """What bench.py records of an engine it has just started: the seconds of each start-up phase, the attention
+    backend and decode kernel, the KV cache's blocks, the GPU, and the Triton compiles `counter` (a
+    CompileCounter made before the engine) saw in init: [kernel, seconds, thread] and [kernel, specialisation
+    key] each, and how many ran on the main thread (the engine compiles its kernels on threads of its own, so a
+    compile there is one the start waited for). The one reader of engine internals for bench.py."""
+    from minivllm.layers import attention_backend
+
+    runner = llm.model_runner
+    compiles = [
+        [name, round(s, 3), thread]
+        for name, s, thread in zip(counter.triton_kernels, counter.triton_seconds, counter.triton_threads)
+    ]
+    return dict(
+        startup_phases=dict(runner.startup_seconds),
+        init_triton_compiles=compiles,
+        init_triton_keys=[[name, key] for name, key in zip(counter.triton_kernels, counter.triton_keys)],
+        init_main_thread_compiles=sum(thread == threading.main_thread().name for _, _, thread in compiles),
+        backend=runner.backend,
+        decode_kernel=attention_backend.decode_kernel(runner.backend),
+        kv_cache_blocks=llm.config.num_kvcache_blocks,
+        device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    )
+
+
+def transformers_greedy(model: str, prompts: list[list[int]], max_tokens: int, dtype: str, pad: int):
+    """bench.py --cpu's reference: transformers' batched greedy `generate` of exactly `max_tokens` new tokens per
+    prompt (left-padded), timed after a 4-token warm-up. Returns (seconds, the new tokens of each prompt)."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # (num_prompts, width), left padding
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    hf.generate(input_ids=ids[:1], attention_mask=mask[:1], do_sample=False, max_new_tokens=4, pad_token_id=pad)
+    t = time.perf_counter()
+    with torch.inference_mode():
+        out = hf.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            pad_token_id=pad,
+        )
+    return time.perf_counter() - t, out[:, width:].tolist()
+
+
+def greedy_agreement(tokens: list[list[int]], reference: list[list[int]], eos: set[int]) -> int:
+    """How many sequences equal the reference's tokens up to the first EOS the engine sampled (the engine's
+    ignore_eos may pick EOS and go on, where transformers' min_new_tokens masks it)."""
+    same = 0
+    for ours, ref in zip(tokens, reference):
+        cut = next((i for i, t in enumerate(ours) if t in eos), len(ours))
+        same += ours[:cut] == ref[:cut]
+    return same

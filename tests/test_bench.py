@@ -1,0 +1,81 @@
+"""bench.py and benchmarks/: every script imports against the package as it is, and what bench.py records of an
+engine (minivllm.testing.benchmark.engine_facts) and of its runs is what it says it is. Speed is never asserted
+here: the benchmarks measure it."""
+
+import importlib.util
+import pathlib
+import sys
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from minivllm.testing import benchmark as bm
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCRIPTS = [ROOT / "bench.py", *sorted((ROOT / "benchmarks").glob("*.py"))]
+
+
+def load(path: pathlib.Path):
+    spec = importlib.util.spec_from_file_location(f"bench_script_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # a script's main() runs only under __main__
+    return module
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
+def test_benchmark_script_imports(path):
+    """A benchmark that no longer imports (a module it uses moved) fails here, not on the next GPU machine."""
+    source = path.read_text()
+    assert "sys.path.insert" not in source, f"{path.name}: import minivllm as installed, not through sys.path"
+    load(path)
+
+
+def test_child_process_gets_the_parents_arguments(monkeypatch):
+    bench = load(ROOT / "bench.py")
+    monkeypatch.setattr(sys, "argv", ["bench.py", "--runs", "2", "--tp", "2", "--enforce-eager"])
+    command = bench.child_command("/models/qwen3")
+    assert command[1].endswith("bench.py")
+    monkeypatch.setattr(sys, "argv", command[1:])
+    args = bench.parse_args()
+    assert (args.child, args.model, args.runs, args.tp, args.enforce_eager) == (True, "/models/qwen3", 2, 2, True)
+
+
+def test_engine_facts_of_a_cpu_engine(tmp_path, monkeypatch):
+    from triton.runtime.jit import JITFunction
+
+    from minivllm import LLM
+    from minivllm.testing.compile_counter import CompileCounter
+    from minivllm.testing.tiny_model import make_tiny_checkpoint
+
+    monkeypatch.setattr(JITFunction, "_do_compile", lambda self, key, *args: None)
+    counter = CompileCounter()
+    kernel = SimpleNamespace(__name__="toy_kernel")
+    JITFunction._do_compile(kernel, "[('*bf16', 'D')]")  # one compile on this (the main) thread, one elsewhere
+    other = threading.Thread(target=JITFunction._do_compile, args=(kernel, "[('*fp32', 'D')]"), name="compiler")
+    other.start()
+    other.join()
+    llm = LLM(make_tiny_checkpoint(str(tmp_path / "m"), "qwen3"), device="cpu", max_model_len=128)
+    try:
+        facts = bm.engine_facts(llm, counter)
+    finally:
+        llm.exit()
+    assert facts["backend"] == "torch" and facts["decode_kernel"] == "torch" and facts["device"] == "cpu"
+    assert {"setup", "load"} <= set(facts["startup_phases"]) and all(s >= 0 for s in facts["startup_phases"].values())
+    assert facts["kv_cache_blocks"] == llm.config.num_kvcache_blocks > 0
+    assert [c[0] for c in facts["init_triton_compiles"]] == ["toy_kernel", "toy_kernel"]
+    assert [c[2] for c in facts["init_triton_compiles"]] == ["MainThread", "compiler"]
+    assert facts["init_triton_keys"][1] == ["toy_kernel", "[('*fp32', 'D')]"]
+    assert facts["init_main_thread_compiles"] == 1
+
+
+def test_greedy_agreement_stops_at_the_engines_first_eos():
+    eos = {0}
+    reference = [[5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8]]
+    ours = [
+        [5, 6, 7, 8],  # equal
+        [5, 6, 0, 9],  # EOS at 2, equal before it: transformers' min_new_tokens masked that EOS
+        [5, 9, 0, 8],  # differs before its EOS
+    ]
+    assert bm.greedy_agreement(ours, reference, eos) == 2
+    assert bm.greedy_agreement([[5, 6, 7, 9]], reference[:1], eos) == 0
