@@ -18,11 +18,7 @@ shutdown() asks the core to stop (it aborts what runs, stops its TP workers, exi
 import asyncio
 import atexit
 import itertools
-import multiprocessing as mp
-import os
-import tempfile
 import threading
-import time
 import weakref
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -32,7 +28,7 @@ from transformers import AutoConfig
 
 from minivllm.config import load_tokenizer
 from minivllm.engine import messages as m
-from minivllm.engine.core import run_engine_core
+from minivllm.engine.core_process import CoreProcess
 from minivllm.engine.messages import EngineDeadError
 from minivllm.engine.output_processor import RequestState, make_state, request_output, update
 from minivllm.engine.requests import check_request
@@ -40,26 +36,12 @@ from minivllm.inputs import parse_prompt
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 
-START_TIMEOUT = 1800.0  # a GPU engine profiles memory and captures CUDA graphs before it is ready
-
 
 class AsyncMPClient:
     def __init__(self, model: str, **engine_args) -> None:
         """Start an engine core on `model` in a new process and wait until it is ready (its error, if not)."""
         self.engine_args = dict(engine_args)
-        self.ipc_dir = tempfile.mkdtemp(prefix="minivllm-core-")
-        inp, out = f"ipc://{self.ipc_dir}/input", f"ipc://{self.ipc_dir}/output"
-        self.ctx = zmq.Context()
-        self.input, self.output = self.ctx.socket(zmq.PUSH), self.ctx.socket(zmq.PULL)
-        self.input.setsockopt(zmq.SNDHWM, 0)  # no limit: a send never waits for the core to read
-        self.output.setsockopt(zmq.RCVHWM, 0)
-        self.input.bind(inp)
-        self.output.bind(out)
-        self.process = mp.get_context("spawn").Process(
-            target=run_engine_core, args=(model, engine_args, inp, out, os.getpid()), name="minivllm-engine-core"
-        )
-        self.process.start()
-        self.enc, self.dec = m.encoder(), m.decoder(m.FromCore)
+        self.core = CoreProcess(model, self.engine_args)
         self.lock = threading.Lock()
         self.requests: dict[str, RequestState] = {}  # by request id
         self.children: dict[str, RequestState] = {}  # by core request id
@@ -70,10 +52,11 @@ class AsyncMPClient:
         self.closed = False
         self.stopping = False  # shutdown() asked the core to stop
         try:
-            self.info = self._wait_ready()
+            self.info = self.core.wait_ready()
             self.tokenizer = load_tokenizer(model, AutoConfig.from_pretrained(model))
         except BaseException:
-            self._stop_process()
+            self.core.stop(timeout=10)
+            self.core.close()
             raise
         self.model, self.max_model_len = self.info.model, self.info.max_model_len
         self.thread = threading.Thread(target=self._run, name="minivllm-outputs", daemon=True)
@@ -81,26 +64,6 @@ class AsyncMPClient:
         this = weakref.ref(self)
         self._atexit = lambda: this() is not None and this().shutdown()
         atexit.register(self._atexit)
-
-    def _send(self, msg) -> None:
-        """Send to the core (the lock held). Without a peer (the core died) the message is dropped: the output
-        thread sees the death and ends every stream."""
-        try:
-            self.input.send(self.enc.encode(msg), zmq.NOBLOCK)
-        except zmq.Again:
-            pass
-
-    def _wait_ready(self) -> m.Ready:
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.output.poll(100):
-                ready = self.dec.decode(self.output.recv())
-                if ready.error is not None:
-                    raise RuntimeError(f"the engine core failed to start: {ready.error}")
-                return ready
-            if not self.process.is_alive():
-                raise RuntimeError(f"the engine core process exited with code {self.process.exitcode} at start")
-        raise RuntimeError(f"the engine core was not ready in {START_TIMEOUT:.0f} s")
 
     # --- the asyncio side ---------------------------------------------------------------------------------
 
@@ -135,7 +98,7 @@ class AsyncMPClient:
             self.requests[request_id] = state
             for cid, child in state.children.items():
                 self.children[cid] = state
-                self._send(m.AddRequest.make(cid, ids, child.params))
+                self.core.send(m.AddRequest.make(cid, ids, child.params))
         finished = False
         try:
             while not finished:
@@ -159,13 +122,13 @@ class AsyncMPClient:
                     self.children.pop(cid, None)
                     cids.append(cid)
             if cids and not self.closed:
-                self._send(m.Abort(cids))
+                self.core.send(m.Abort(cids))
 
     def abort_all(self) -> None:
         """Every request ends now with finish_reason "abort" (the core answers with their final outputs)."""
         with self.lock:
             if not self.closed:
-                self._send(m.AbortAll())
+                self.core.send(m.AbortAll())
 
     async def reset_prefix_cache(self) -> bool:
         loop = asyncio.get_running_loop()
@@ -175,61 +138,41 @@ class AsyncMPClient:
                 raise EngineDeadError(f"the engine is not running: {self.error!r}")
             call_id = next(self.call_ids)
             self.calls[call_id] = (loop, future)
-            self._send(m.Utility(call_id, "reset_prefix_cache"))
+            self.core.send(m.Utility(call_id, "reset_prefix_cache"))
         return await future
 
     def shutdown(self, timeout: float = 60) -> None:
         """Abort every request, stop the core (and its TP workers), and wait for it."""
         atexit.unregister(self._atexit)
-        if self.ctx.closed:  # shut down already
+        if self.stopping:  # shut down already
             return
         self.stopping = True
-        with self.lock:
-            if self.process.is_alive() and not self.closed:
-                self._send(m.Shutdown())
-        self.process.join(timeout)
-        self._stop_process()
+        with self.lock:  # (the core's last outputs, each stream's "abort", still reach their streams)
+            self.core.send(m.Shutdown())
+        self.core.stop(timeout)
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
             self.thread.join(timeout)
         self._close(EngineDeadError("the engine was shut down"))
-        self.input.close(linger=0)
-        self.output.close(linger=0)
-        self.ctx.term()
-
-    def _stop_process(self) -> None:
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(10)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(5)
-        for name in ("input", "output"):
-            try:
-                os.unlink(os.path.join(self.ipc_dir, name))
-            except OSError:
-                pass
-        try:
-            os.rmdir(self.ipc_dir)
-        except OSError:
-            pass
+        self.core.close()
 
     # --- the output thread ----------------------------------------------------------------------------------
 
     def _run(self) -> None:
         poller = zmq.Poller()
-        poller.register(self.output, zmq.POLLIN)
-        poller.register(self.process.sentinel, zmq.POLLIN)
+        poller.register(self.core.output, zmq.POLLIN)
+        poller.register(self.core.process.sentinel, zmq.POLLIN)
         while True:
             events = dict(poller.poll())
-            if self.output in events:
+            if self.core.output in events:
                 while True:  # the core's messages in order; the sentinel only after they are read
                     try:
-                        msg = self.dec.decode(self.output.recv(zmq.NOBLOCK))
+                        msg = self.core.dec.decode(self.core.output.recv(zmq.NOBLOCK))
                     except zmq.Again:
                         break
                     self._process(msg)
             elif events:  # the core's process ended, its last messages read
-                code = self.process.exitcode
+                self.core.process.join(1)
+                code = self.core.process.exitcode
                 why = "was shut down" if self.stopping else f"core process exited with code {code}"
                 self._close(EngineDeadError(f"the engine {why}"))
                 return
@@ -260,7 +203,7 @@ class AsyncMPClient:
                     if output.finished:
                         self.requests.pop(state.request_id, None)
             if stopped:
-                self._send(m.Abort(stopped))
+                self.core.send(m.Abort(stopped))
             if msg.utility is not None:
                 loop, future = self.calls.pop(msg.utility[0])
                 by_loop.setdefault(loop, []).append((future, msg.utility[1]))

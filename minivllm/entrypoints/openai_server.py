@@ -30,6 +30,7 @@ from minivllm.engine.async_llm import AsyncLLM, EngineDeadError
 from minivllm.entrypoints.metrics import ServerMetrics
 from minivllm.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from minivllm.entrypoints.responses import ChatCompletions, Completions, error_response
+from minivllm.entrypoints.serving_utils import BadRequest, bad_request, until_disconnect
 from minivllm.entrypoints.tokenizer_pool import TokenizerPool
 from minivllm.entrypoints.tokens import add_token_routes
 from minivllm.inputs import is_token_ids
@@ -43,53 +44,6 @@ from minivllm.utils.dist import free_port
 # with 5 s, none with 60 s; benchmarks/RESULTS.md, 2026-12-01).
 TIMEOUT_KEEP_ALIVE = 60.0
 
-FIELDS = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields) | {"logprobs", "top_k"}
-
-
-class BadRequest(ValueError):
-    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
-        super().__init__(message)
-        self.param, self.status = param, status
-
-
-def param_of(message: str, prompt: str) -> str | None:
-    """The request field an error is about: SamplingParams' messages start with it; the engine's are about
-    the prompt (named `prompt`: "prompt" or "messages") or its length with max_tokens."""
-    if message.startswith("prompt of"):
-        return "max_tokens" if "max_tokens" in message else prompt
-    first = message.split(" ", 1)[0]
-    if first in FIELDS:
-        return first
-    return prompt if any(w in message for w in ("prompt", "token ids")) else None
-
-
-def bad_request(e: Exception, prompt: str = "prompt") -> JSONResponse:
-    if isinstance(e, BadRequest):
-        return error_response(str(e), e.param, e.status)
-    return error_response(str(e), param_of(str(e), prompt))
-
-
-async def until_disconnect(request: Request, work):
-    """Run the coroutine `work`; if the client disconnects first, cancel it (which aborts its requests)."""
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-    try:
-        return await task
-    except asyncio.CancelledError:  # the client is gone: nobody reads this
-        return Response(status_code=499)
-
-
 # --- pieces of the responses -------------------------------------------------------------------------------
 
 
@@ -101,6 +55,7 @@ def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        await tokens.warm_up()  # its processes start (import transformers, load the tokenizer) before serving
         yield
         await asyncio.to_thread(tokens.shutdown)
         if owns_engine:

@@ -45,11 +45,15 @@ def _decode(ids: list[int]) -> str:
 
 class TokenizerPool:
     def __init__(self, model: str, max_model_len: int, workers: int = 2) -> None:
-        self.max_model_len = max_model_len
+        self.max_model_len, self.workers = max_model_len, workers
         ctx = mp.get_context("spawn")
         self.pool = concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=ctx, initializer=_load, initargs=(model,)
         )
+
+    async def warm_up(self) -> None:
+        """Start every worker now (each loads the tokenizer), not at the first requests."""
+        await asyncio.gather(*[self.decode([]) for _ in range(self.workers)])
 
     async def _run(self, fn, *args):
         return await asyncio.wrap_future(self.pool.submit(fn, *args))
