@@ -8,12 +8,12 @@ AsyncLLM's interface: `async for output in client.generate(prompt, params, reque
                             detokenise, stop strings,
                             merge n children
 
-The output thread blocks in ZMQ (which releases the GIL) until the core's next message or the core's death
-(its process sentinel is polled beside the socket): a dead core ends every open stream with EngineDeadError at
-once and `is_running` turns False (the server's /health answers 503). Each step's RequestOutputs reach an
-event loop in one call_soon_threadsafe. One lock guards the request table and the sending socket, shared by
-the event loops that call generate() and by the output thread (which aborts requests that hit a stop string).
-shutdown() asks the core to stop (it aborts what runs, stops its TP workers, exits), then waits for it."""
+The output thread blocks in ZMQ (releasing the GIL) until the core's next message or death (its process
+sentinel is polled beside the socket): a dead core ends every open stream with EngineDeadError at once and
+`is_running` turns False (/health: 503). A step's outputs reach an event loop in one call_soon_threadsafe.
+One lock guards the request table and the sending socket, shared by the event loops that call generate() and
+the output thread (which aborts requests that hit a stop string). shutdown() asks the core to stop (it aborts
+what runs, stops its TP workers, exits), then waits for it."""
 
 import asyncio
 import atexit
@@ -125,7 +125,11 @@ class AsyncMPClient:
                 self.core.send(m.Abort(cids))
 
     def abort_all(self) -> None:
-        """Every request ends now with finish_reason "abort" (the core answers with their final outputs)."""
+        """Every request ends now with finish_reason "abort" (the core answers with their final outputs). Safe
+        in a signal handler: the interrupted thread may hold the lock, so a helper thread takes it."""
+        threading.Thread(target=self._abort_all, name="minivllm-abort-all", daemon=True).start()
+
+    def _abort_all(self) -> None:
         with self.lock:
             if not self.closed:
                 self.core.send(m.AbortAll())

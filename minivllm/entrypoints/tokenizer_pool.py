@@ -9,17 +9,28 @@ longer than the model can take is refused there: its ids never travel back."""
 import asyncio
 import concurrent.futures
 import multiprocessing as mp
+import os
+import threading
+import time
 
 _tokenizer = None  # the worker process's own
 
 
-def _load(model: str) -> None:
+def _load(model: str, parent: int) -> None:
     global _tokenizer
     from transformers import AutoConfig
 
     from minivllm.config import load_tokenizer
 
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
     _tokenizer = load_tokenizer(model, AutoConfig.from_pretrained(model))
+
+
+def _exit_with(parent: int) -> None:
+    """A worker blocked in its queue does not notice a killed server: it leaves once its parent is gone."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
 
 
 def _fits(ids: list[int], max_model_len: int) -> list[int]:
@@ -48,7 +59,7 @@ class TokenizerPool:
         self.max_model_len, self.workers = max_model_len, workers
         ctx = mp.get_context("spawn")
         self.pool = concurrent.futures.ProcessPoolExecutor(
-            workers, mp_context=ctx, initializer=_load, initargs=(model,)
+            workers, mp_context=ctx, initializer=_load, initargs=(model, os.getpid())
         )
 
     async def warm_up(self) -> None:
