@@ -48,9 +48,8 @@ class AsyncMPClient:
         self.calls: dict[int, tuple] = {}  # utility call id -> (loop, future)
         self.call_ids = itertools.count()
         self.stats = m.SchedulerStats(0, 0, 0.0, 0)  # the core's gauges after its last step
-        self.error: BaseException | None = None
-        self.closed = False
-        self.stopping = False  # shutdown() asked the core to stop
+        self.error: BaseException | None = None  # why the core stopped
+        self.closed, self.stopping = False, False  # the core is gone; shutdown() asked it to stop
         try:
             self.info = self.core.wait_ready()
             self.tokenizer = load_tokenizer(model, AutoConfig.from_pretrained(model))
@@ -61,7 +60,7 @@ class AsyncMPClient:
         self.model, self.max_model_len = self.info.model, self.info.max_model_len
         self.thread = threading.Thread(target=self._run, name="minivllm-outputs", daemon=True)
         self.thread.start()
-        this = weakref.ref(self)
+        this = weakref.ref(self)  # at exit, stop the core of a client still alive
         self._atexit = lambda: this() is not None and this().shutdown()
         atexit.register(self._atexit)
 
@@ -191,7 +190,8 @@ class AsyncMPClient:
                 if state is None:  # aborted meanwhile
                     continue
                 if step.finish_reason == "error":
-                    self._drop(state)
+                    self.requests.pop(state.request_id, None)
+                    [self.children.pop(cid, None) for cid in state.children]
                     by_loop.setdefault(state.loop, []).append((state.queue, ValueError(step.stop_reason)))
                     continue
                 child = state.children[step.request_id]
@@ -213,11 +213,6 @@ class AsyncMPClient:
                 by_loop.setdefault(loop, []).append((future, msg.utility[1]))
         for loop, items in by_loop.items():
             _send(loop, _put_all, items)
-
-    def _drop(self, state: RequestState) -> None:
-        self.requests.pop(state.request_id, None)
-        for cid in state.children:
-            self.children.pop(cid, None)
 
     def _close(self, error: EngineDeadError) -> None:
         """The core is gone: every open stream and call ends with `error`."""
