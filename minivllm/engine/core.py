@@ -18,6 +18,7 @@ import os
 import signal
 from dataclasses import replace
 
+import torch
 import zmq
 
 from minivllm.engine import messages as m
@@ -85,6 +86,10 @@ def _logprobs(steps: list | None) -> list | None:
 def run_engine_core(model: str, engine_args: dict, input_address: str, output_address: str, parent_pid: int) -> None:
     """The core process's entry point (multiprocessing spawns it, core_client.py)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the API server leads the exit
+    if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
+        # on CPU the model's threads would take every core, and the API server's own work (SSE for every
+        # stream) would preempt one of them at each step: leave it a core, as vLLM's CPU backend reserves one
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) - 1))
     ctx = zmq.Context()
     inp, out = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     inp.setsockopt(zmq.RCVHWM, 0)
