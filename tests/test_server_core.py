@@ -22,6 +22,7 @@ from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.core_client import AsyncMPClient
 from minivllm.entrypoints.openai_server import ServerThread
 from minivllm.testing.tiny_model import CHAT_TEMPLATE, make_tiny_checkpoint
+from minivllm.utils.dist import free_port
 
 BLOCK, BLOCKS = 16, 32
 ARGS = dict(kvcache_block_size=BLOCK, max_model_len=BLOCK * BLOCKS, max_num_seqs=64, max_num_batched_tokens=512)
@@ -279,3 +280,45 @@ def test_a_killed_core_ends_every_stream_and_health_turns_503(chat_model):
     llm.shutdown()
     assert not psutil.pid_exists(core.pid) or core.status() == psutil.STATUS_ZOMBIE
     assert not [p for p in psutil.Process().children(recursive=True) if p.pid == core.pid]
+
+
+@pytest.mark.slow
+def test_sigterm_under_load_stops_every_process(chat_model):
+    """`minivllm serve` (core process, tokenizer workers) with 64 open streams: SIGTERM ends each stream with
+    "abort" and the server exits 0, leaving no process (a signal landing while the event loop held the client's
+    lock once hung it)."""
+    from test_server import start_server
+
+    port = free_port()
+    proc = start_server(chat_model, port)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len(children) >= 2  # the engine core and the tokenizer workers
+
+    async def one(http: httpx.AsyncClient, i: int, started: asyncio.Event) -> list[str]:
+        body = dict(model=chat_model, prompt=IDS[i], max_tokens=400, temperature=0, stream=True, ignore_eos=True)
+        events = []
+        async with http.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    started.set()
+        return events
+
+    async def main():
+        started = asyncio.Event()
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+            tasks = [asyncio.create_task(one(http, i, started)) for i in range(64)]
+            await asyncio.wait_for(started.wait(), 60)
+            await asyncio.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            return await asyncio.gather(*tasks)
+
+    results = asyncio.run(main())
+    assert proc.wait(timeout=60) == 0, proc.stderr.read()
+    for events in results:
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"
+    deadline = time.time() + 15
+    while any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children):
+        assert time.time() < deadline, "a process outlived the server"
+        time.sleep(0.1)
