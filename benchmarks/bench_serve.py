@@ -1,12 +1,20 @@
 """Serving benchmark in the metrics `vllm bench serve` reports: request throughput, output tok/s, time to
 first token (TTFT), time per output token after the first (TPOT) and inter-token latency (ITL), mean / p50 /
-p99, at a given request rate or concurrency, over a sweep of concurrencies. It starts `python3 -m minivllm
-serve` in a subprocess, sends streaming /v1/completions requests of random token ids (vLLM's "random"
-dataset: fixed input and output lengths, ignore_eos) with httpx, resets the prefix cache before each level,
-prints a table and writes JSON (and, with --figure, TTFT and TPOT against concurrency).
+p99, over a sweep of fixed concurrencies and of request rates (Poisson arrivals). It starts `python3 -m
+minivllm serve` in a subprocess, sends streaming /v1/completions requests of random token ids (vLLM's
+"random" dataset: fixed input and output lengths, ignore_eos) with httpx, resets the prefix cache before each
+level, then stops the server and runs the same requests of every level through the offline `LLM.generate`
+(the engine alone, same engine arguments): each level reports served output tok/s, offline tok/s and their
+ratio (what the serving layer keeps of the engine's speed). Prints a table, writes JSON (and, with --figure,
+TTFT and TPOT against concurrency).
 
   python3 benchmarks/bench_serve.py                                  # CPU: the embedded SmolLM2-135M-Instruct
+  python3 benchmarks/bench_serve.py --preset cpu                     # CPU: a tiny Qwen3, up to 128 streams
   python3 benchmarks/bench_serve.py --model random-qwen3-0.6b        # GPU: bench.py's random Qwen3-0.6B (bf16)
+  python3 benchmarks/bench_serve.py --model random-qwen3-0.6b --concurrency 256 --request-rate 50 100 200 inf
+
+Targets: on the CPU preset served >= 0.7x offline at 128 streams; on an H200 (random Qwen3-0.6B, 512 in / 128
+out) >= 0.8x at 256 streams, and no concurrency level below the one before it up to 256.
 
 TTFT counts from sending the request to the first streamed chunk; TPOT = (latency - TTFT) / (tokens - 1) per
 request; ITL = the gaps between streamed chunks (one chunk per engine step with new tokens, as vLLM streams)."""
@@ -30,15 +38,21 @@ from minivllm.utils.dist import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANDOM_QWEN3 = "random-qwen3-0.6b"
+TINY_QWEN3 = "tiny-qwen3"  # the CPU preset's model: small enough that the serving layer's cost shows
+TINY = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
 
 
 def model_dir(name: str | None, cache: str) -> str | None:
-    """The checkpoint to serve: None (the server's embedded default), bench.py's random Qwen3-0.6B, or a dir."""
-    if name != RANDOM_QWEN3:
+    """The checkpoint to serve: None (the server's embedded default), bench.py's random Qwen3-0.6B, the CPU
+    preset's tiny Qwen3, or a dir."""
+    if name not in (RANDOM_QWEN3, TINY_QWEN3):
         return name
     import torch
 
     from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
+
+    if name == TINY_QWEN3:
+        return make_tiny_checkpoint(os.path.join(cache, "qwen3-tiny-serve"), "qwen3", **TINY)
 
     return make_tiny_checkpoint(os.path.join(cache, "qwen3-0.6b-random"), "qwen3", dtype=torch.bfloat16, **QWEN3_0_6B)
 
@@ -201,10 +215,13 @@ def summarize(results: list[dict], duration: float, concurrency: int, rate: floa
 def print_table(levels: list[dict], device: str, model: str) -> None:
     cols = [
         ("concurrency", "conc", "{}"),
+        ("request_rate", "rate", "{}"),
         ("completed", "reqs", "{}"),
         ("failed", "failed", "{}"),
         ("request_throughput", "req/s", "{:.2f}"),
         ("output_throughput", "out tok/s", "{:.1f}"),
+        ("offline_output_throughput", "offline", "{:.1f}"),
+        ("served_over_offline", "ratio", "{:.2f}"),
         ("mean_ttft_ms", "TTFT mean", "{:.0f}"),
         ("p50_ttft_ms", "p50", "{:.0f}"),
         ("p99_ttft_ms", "p99", "{:.0f}"),
@@ -212,6 +229,8 @@ def print_table(levels: list[dict], device: str, model: str) -> None:
         ("p50_tpot_ms", "p50", "{:.1f}"),
         ("p99_tpot_ms", "p99", "{:.1f}"),
         ("mean_itl_ms", "ITL mean", "{:.1f}"),
+        ("p50_itl_ms", "p50", "{:.1f}"),
+        ("p99_itl_ms", "p99", "{:.1f}"),
     ]
     print(f"minivllm serving benchmark on {device}, model {model} (latencies in ms)")
     rows = [[h for _, h, _ in cols]] + [[f.format(level[k]) for k, _, f in cols] for level in levels]
@@ -246,15 +265,49 @@ def plot(levels: list[dict], path: str, title: str) -> None:
     print(f"wrote {path}")
 
 
+def offline_throughputs(model: str | None, server_args: list[str], levels: list[list[list[int]]], warm, output_len):
+    """Output tok/s of the offline `LLM.generate` on each level's requests (all at once, greedy, ignore_eos),
+    with the server's engine arguments; one warm-up generate first, a cold prefix cache for each level."""
+    from minivllm import LLM, SamplingParams
+    from minivllm.entrypoints.cli import ENGINE_ARGS, parse_serve_args
+    from minivllm.utils.default_model import default_model_dir
+
+    parsed = parse_serve_args(server_args)
+    engine_args = {k: getattr(parsed, k) for k in ENGINE_ARGS if getattr(parsed, k) is not None}
+    llm = LLM(model or default_model_dir(), **engine_args)
+    sp = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    try:
+        llm.generate([{"prompt_token_ids": p} for p in warm], sp, use_tqdm=False)
+        out = []
+        for prompts in levels:
+            llm.reset_prefix_cache()
+            start = time.perf_counter()
+            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+            out.append(sum(len(o.token_ids) for o in outputs) / (time.perf_counter() - start))
+            print(f"offline on {len(prompts)} requests: {out[-1]:.0f} output tok/s", flush=True)
+        return out
+    finally:
+        llm.exit()
+
+
+PRESETS = {  # --preset cpu: the CPU target's shape (served >= 0.7x offline at 128 streams)
+    "cpu": dict(model=TINY_QWEN3, concurrency=[1, 16, 64, 128], input_len=64, output_len=64, num_prompts_per=2),
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help=f"checkpoint dir, or {RANDOM_QWEN3} (default: the embedded SmolLM2)")
+    ap.add_argument("--model", help=f"checkpoint dir, {RANDOM_QWEN3} or {TINY_QWEN3} (default: the embedded SmolLM2)")
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="cpu: a tiny Qwen3 at 1-128 streams, 64 in / 64 out")
     ap.add_argument("--concurrency", type=int, nargs="+", default=None, help="levels of the sweep")
-    ap.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals per second")
+    ap.add_argument(
+        "--request-rate", type=float, nargs="+", default=[float("inf")], help="Poisson arrivals per second (a sweep)"
+    )
     ap.add_argument("--num-prompts", type=int, default=None, help="requests per level (default: 4 x concurrency)")
     ap.add_argument("--input-len", type=int, default=None)
     ap.add_argument("--output-len", type=int, default=None)
     ap.add_argument("--server-args", default="", help='extra `minivllm serve` arguments, e.g. "--max-num-seqs 64"')
+    ap.add_argument("--no-offline", action="store_true", help="skip the offline LLM.generate runs")
     ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "minivllm"))
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/serve_<device>.json)")
     ap.add_argument("--figure", default=None, help="also draw TTFT and TPOT against concurrency to this PNG")
@@ -264,9 +317,14 @@ def main() -> None:
     import torch
 
     gpu = torch.cuda.is_available()
-    args.concurrency = args.concurrency or ([1, 4, 16, 64, 256] if gpu else [1, 2, 4, 8, 16])
-    args.input_len = args.input_len or (512 if gpu else 128)
-    args.output_len = args.output_len or (128 if gpu else 32)
+    preset = PRESETS.get(args.preset, {})
+    args.model = args.model or preset.get("model")
+    args.concurrency = (
+        args.concurrency or preset.get("concurrency") or ([1, 4, 16, 64, 256] if gpu else [1, 2, 4, 8, 16])
+    )
+    args.input_len = args.input_len or preset.get("input_len") or (512 if gpu else 128)
+    args.output_len = args.output_len or preset.get("output_len") or (128 if gpu else 32)
+    per = preset.get("num_prompts_per", 4)
     model = model_dir(args.model, args.cache)
     port = free_port()
     server = start_server(model, port, args.server_args.split(), args.server_log_level, args.server_log)
@@ -278,38 +336,53 @@ def main() -> None:
         warm = [[rng.randint(1, vocab_top) for _ in range(args.input_len)] for _ in range(4)]
         warmup = asyncio.run(run_level(url + "/v1/completions", served["id"], warm, 8, 4, float("inf")))  # JIT
         check_level(warmup, server, args.server_log, "warm-up at concurrency")
-        levels = []
+        levels, prompts_of = [], []
         for c in args.concurrency:
-            n = args.num_prompts or max(4 * c, 8)
-            prompts = [[rng.randint(1, vocab_top) for _ in range(args.input_len)] for _ in range(n)]
-            httpx.post(url + "/reset_prefix_cache")
-            levels.append(
-                asyncio.run(
-                    run_level(url + "/v1/completions", served["id"], prompts, args.output_len, c, args.request_rate)
+            for rate in args.request_rate:
+                n = args.num_prompts or max(per * c, 8)
+                prompts = [[rng.randint(1, vocab_top) for _ in range(args.input_len)] for _ in range(n)]
+                httpx.post(url + "/reset_prefix_cache")
+                levels.append(
+                    asyncio.run(run_level(url + "/v1/completions", served["id"], prompts, args.output_len, c, rate))
                 )
-            )
-            check_level(levels[-1], server, args.server_log)
+                prompts_of.append(prompts)
+                check_level(levels[-1], server, args.server_log)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=120)
+    if not args.no_offline:  # the server is gone: the engine alone on the same machine, the same requests
+        offline = offline_throughputs(model, args.server_args.split(), prompts_of, warm, args.output_len)
+        for level, tps in zip(levels, offline):
+            level.update(offline_output_throughput=tps, served_over_offline=level["output_throughput"] / tps)
+    else:
+        for level in levels:
+            level.update(offline_output_throughput=float("nan"), served_over_offline=float("nan"))
     device = torch.cuda.get_device_name() if gpu else "cpu"
     print_table(levels, device, served["id"])
     result = dict(
         device=device,
+        machine=machine(),
         model=served["id"],
         input_len=args.input_len,
         output_len=args.output_len,
-        request_rate=args.request_rate if args.request_rate != float("inf") else "inf",
+        request_rates=[r if r != float("inf") else "inf" for r in args.request_rate],
         server_args=args.server_args,
         levels=levels,
     )
-    save_json(result, args.out or os.path.join("benchmarks", "results", f"serve_{'gpu' if gpu else 'cpu'}.json"))
+    name = f"serve_{'gpu' if gpu else 'cpu'}{'_' + args.preset if args.preset else ''}.json"
+    save_json(result, args.out or os.path.join("benchmarks", "results", name))
     if args.figure:
         plot(
-            levels,
+            [lv for lv in levels if lv["request_rate"] == "inf"] or levels,
             args.figure,
             f"minivllm serve on {device}: {served['id']}, {args.input_len} in / {args.output_len} out",
         )
+
+
+def machine() -> dict:
+    import platform
+
+    return dict(host=platform.node(), cpu=platform.processor() or platform.machine(), cores=os.cpu_count())
 
 
 if __name__ == "__main__":

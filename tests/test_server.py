@@ -211,7 +211,6 @@ def test_vllm_sampling_fields_reach_the_engine(client, offline):
         ),
         ("completions", dict(prompt=5), "prompt", "prompt"),
         ("completions", dict(prompt=[]), "prompt must not be empty", "prompt"),
-        ("completions", dict(prompt="hi", model="gpt-4"), "The model `gpt-4` does not exist", "model"),
         ("completions", dict(prompt=list(range(1, 300))), "exceeds max_model_len 256", "max_tokens"),
         ("completions", dict(prompt="hi", max_tokens=1000), "max_tokens 1000", "max_tokens"),
         ("completions", dict(prompt=[600]), r"token ids [600] are outside the vocabulary", "prompt"),
@@ -257,8 +256,17 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(server, client, path,
 
 
 def test_openai_client_raises_bad_request(client):
-    with pytest.raises(openai.BadRequestError, match="does not exist"):
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.chat.completions.create(model=NAME, messages=CONVERSATION, temperature=-1)
+
+
+def test_an_unknown_model_is_404_not_found(server, client):
+    """As vLLM: a model the server does not serve is 404 (the openai client's NotFoundError), and nothing runs."""
+    with pytest.raises(openai.NotFoundError, match="The model `nope` does not exist"):
         client.chat.completions.create(model="nope", messages=CONVERSATION)
+    r = httpx.post(f"{server.url}/v1/completions", json=dict(prompt="hi", model="gpt-4"))
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model", r.text
+    assert all_blocks_free(server.llm)
 
 
 # --- many clients at once, disconnects ----------------------------------------------------------------------------
@@ -371,9 +379,7 @@ def test_keep_alive_timeout_reaches_uvicorn(tiny_qwen3, monkeypatch, capsys):
     seen = {}
 
     def run(server):  # uvicorn's serving loop, replaced: what it was configured with is what matters here
-        seen.update(
-            keep_alive=server.config.timeout_keep_alive, port=server.config.port, seed=server.llm.engine.config.seed
-        )
+        seen.update(keep_alive=server.config.timeout_keep_alive, port=server.config.port, seed=server.llm.info.seed)
 
     monkeypatch.setattr(openai_server.Server, "run", run)
     port = free_port()

@@ -15,7 +15,10 @@ The scheduler is touched by the engine thread only: other threads reach it throu
 no lock is needed and the event loop never waits on a GPU step. An abort takes effect at the next gap
 between steps (the engine frees the request's blocks at once, also when a step in flight computes it).
 `shutdown()` aborts what is left (each stream ends with finish_reason "abort"), stops the thread, then
-the engine and its tensor-parallel workers."""
+the engine and its tensor-parallel workers.
+
+`AsyncLLM(model, multiprocess=True, ...)` gives the same interface with the engine in a process of its own
+(core_client.py), where its steps do not share this process's GIL: what `minivllm serve` runs."""
 
 import asyncio
 import copy
@@ -25,22 +28,29 @@ from collections.abc import AsyncIterator
 
 import torch
 
+from minivllm.engine.core_client import AsyncMPClient
 from minivllm.engine.llm_engine import LLMEngine
+from minivllm.engine.messages import EngineDeadError, SchedulerStats
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import SamplingParams
 
 MAX_STEP_LOG = 100_000  # a server runs for days: keep the step log's tail only
 
 
-class EngineDeadError(RuntimeError):
-    """The engine thread stopped on an error (or was shut down): no request can be served."""
+__all__ = ["AsyncLLM", "EngineDeadError"]
 
 
 class AsyncLLM:
-    def __init__(self, model: str | LLMEngine, **engine_args) -> None:
+    def __new__(cls, model: str | LLMEngine, multiprocess: bool = False, **engine_args):
+        if multiprocess:  # the engine core in its own process, this interface in front of it
+            return AsyncMPClient(model, **engine_args)
+        return super().__new__(cls)
+
+    def __init__(self, model: str | LLMEngine, multiprocess: bool = False, **engine_args) -> None:
         """An engine on `model` (a checkpoint directory, with engine arguments), or around an engine made
         already; either way the AsyncLLM owns it from now on (shutdown() stops it)."""
         self.engine = model if isinstance(model, LLMEngine) else LLMEngine(model, **engine_args)
+        self.model, self.max_model_len = self.engine.config.model, self.engine.config.max_model_len
         self.tokenizer = copy.deepcopy(self.engine.tokenizer)  # the event loop's own: never shared across threads
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self.streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # engine thread only
@@ -106,6 +116,13 @@ class AsyncLLM:
     @property
     def is_running(self) -> bool:
         return not self.closed
+
+    @property
+    def stats(self) -> SchedulerStats:
+        """The scheduler's gauges (read from another thread: a moment's snapshot)."""
+        s = self.engine.scheduler
+        free, total = s.block_manager.num_free_blocks, max(1, len(s.block_manager.blocks))
+        return SchedulerStats(len(s.running) + len(s.finishing), len(s.waiting), 1 - free / total, s.num_preemptions)
 
     # --- the engine thread ----------------------------------------------------------------------------------
 

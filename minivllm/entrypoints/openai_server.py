@@ -1,7 +1,11 @@
 """An OpenAI-compatible HTTP server over the async engine (vLLM's `vllm serve`; FastAPI + uvicorn):
 GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions, the last two also streaming
 (`"stream": true`: server-sent events, one `data: {chunk}` per step with new tokens, then `data: [DONE]`), and
-vLLM's POST /reset_prefix_cache (for benchmarks).
+vLLM's POST /reset_prefix_cache (for benchmarks), GET /metrics (Prometheus, metrics.py), POST /tokenize,
+POST /detokenize, GET /version. `run_server` (what `minivllm serve` runs) puts the engine core in a process
+of its own (engine/core_client.py); tokenising, chat templates and detokenising prompts run in a pool of
+processes (tokenizer_pool.py): the event loop does HTTP, JSON and SSE only, so /health answers at once
+while a 5 MB prompt is tokenised.
 
 Each HTTP request becomes one engine request per prompt (their `n` sequences are the choices); their
 outputs are merged into one response. Bad input is a 400 with OpenAI's error body {"error": {"message",
@@ -23,9 +27,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from minivllm.engine.async_llm import AsyncLLM, EngineDeadError
+from minivllm.entrypoints.metrics import ServerMetrics
 from minivllm.entrypoints.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from minivllm.entrypoints.responses import ChatCompletions, Completions, error_response
-from minivllm.inputs import is_token_ids, render_chat
+from minivllm.entrypoints.serving_utils import BadRequest, bad_request, until_disconnect
+from minivllm.entrypoints.tokenizer_pool import TokenizerPool
+from minivllm.entrypoints.tokens import add_token_routes
+from minivllm.inputs import is_token_ids
 from minivllm.utils.dist import free_port
 
 # How long an idle keep-alive connection stays open (uvicorn's and vLLM's default: 5 s). Longer here: the engine
@@ -36,65 +44,28 @@ from minivllm.utils.dist import free_port
 # with 5 s, none with 60 s; benchmarks/RESULTS.md, 2026-12-01).
 TIMEOUT_KEEP_ALIVE = 60.0
 
-FIELDS = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields) | {"logprobs", "top_k"}
-
-
-class BadRequest(ValueError):
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-def param_of(message: str, prompt: str) -> str | None:
-    """The request field an error is about: SamplingParams' messages start with it; the engine's are about
-    the prompt (named `prompt`: "prompt" or "messages") or its length with max_tokens."""
-    if message.startswith("prompt of"):
-        return "max_tokens" if "max_tokens" in message else prompt
-    first = message.split(" ", 1)[0]
-    if first in FIELDS:
-        return first
-    return prompt if any(w in message for w in ("prompt", "token ids")) else None
-
-
-def bad_request(e: Exception, prompt: str = "prompt") -> JSONResponse:
-    return error_response(str(e), e.param if isinstance(e, BadRequest) else param_of(str(e), prompt))
-
-
-async def until_disconnect(request: Request, work):
-    """Run the coroutine `work`; if the client disconnects first, cancel it (which aborts its requests)."""
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-    try:
-        return await task
-    except asyncio.CancelledError:  # the client is gone: nobody reads this
-        return Response(status_code=499)
-
-
 # --- pieces of the responses -------------------------------------------------------------------------------
 
 
 def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) -> FastAPI:
     """The FastAPI app serving `llm` as `served_model_name`; with `owns_engine`, its shutdown stops the engine."""
-    max_model_len = llm.engine.config.max_model_len
+    max_model_len = llm.max_model_len
+    tokens = TokenizerPool(llm.model, max_model_len)
+    metrics = ServerMetrics(llm, served_model_name)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        await tokens.warm_up()  # its processes start (import transformers, load the tokenizer) before serving
         yield
+        await asyncio.to_thread(tokens.shutdown)
         if owns_engine:
             await asyncio.to_thread(llm.shutdown)
 
     app = FastAPI(title="minivllm", lifespan=lifespan)
+    add_token_routes(app, tokens, served_model_name)
+
+    def generate(prompt_ids: list[int], sp, rid: str, streaming: bool):
+        return metrics.observe(llm.generate({"prompt_token_ids": prompt_ids}, sp, rid), streaming)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -111,7 +82,7 @@ def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) 
     def check(body: SamplingFields) -> None:
         if body.model is not None and body.model != served_model_name:
             raise BadRequest(
-                f"The model `{body.model}` does not exist (this server serves `{served_model_name}`)", "model"
+                f"The model `{body.model}` does not exist (this server serves `{served_model_name}`)", "model", 404
             )
         if body.logit_bias:
             raise BadRequest("logit_bias is not supported", "logit_bias")
@@ -120,6 +91,10 @@ def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) 
     async def health() -> Response:
         return Response(status_code=200) if llm.is_running else error_response("the engine stopped", status=503)
 
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache() -> dict:  # vLLM's (benchmarks start each run with a cold cache)
         return dict(reset=await llm.reset_prefix_cache())
@@ -127,7 +102,7 @@ def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) 
     @app.get("/v1/models")
     async def models() -> dict:
         card = dict(id=served_model_name, object="model", created=int(time.time()), owned_by="minivllm")
-        card.update(root=llm.engine.config.model, max_model_len=max_model_len)
+        card.update(root=llm.model, max_model_len=max_model_len)
         return dict(object="list", data=[card])
 
     @app.post("/v1/completions")
@@ -143,12 +118,13 @@ def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) 
                 raise BadRequest("prompt must not be empty", "prompt")
             sp = body.sampling_params(body.max_tokens, body.logprobs)
             rid = f"cmpl-{uuid.uuid4().hex}"
-            streams = [llm.generate(p, sp, f"{rid}-{i}") for i, p in enumerate(prompts)]
+            ids = [await tokens.encode(p) if isinstance(p, str) else p for p in prompts]  # off the event loop
+            streams = [generate(p, sp, f"{rid}-{i}", bool(body.stream)) for i, p in enumerate(ids)]
         except (ValueError, TypeError) as e:
             return bad_request(e)
         except EngineDeadError as e:
             return error_response(str(e), status=500)
-        echo = [p if isinstance(p, str) else llm.tokenizer.decode(p) for p in prompts] if body.echo else None
+        echo = [p if isinstance(p, str) else await tokens.decode(p) for p in prompts] if body.echo else None
         run = Completions(body, rid, served_model_name, streams, echo)
         if body.stream:
             return StreamingResponse(run.stream(), media_type="text/event-stream")
@@ -165,15 +141,14 @@ def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) 
             kwargs = dict(body.chat_template_kwargs or {})
             if body.continue_final_message:
                 kwargs["continue_final_message"] = True
-            try:
-                prompt = render_chat(llm.tokenizer, body.conversation(), body.add_generation_prompt, **kwargs)
+            try:  # the template and the tokenizer off the event loop
+                ids = await tokens.chat(body.conversation(), body.add_generation_prompt, **kwargs)
             except ValueError as e:
                 raise BadRequest(str(e), "messages") from None
-            ids = llm.tokenizer.encode(prompt, add_special_tokens=False)  # the template wrote the special tokens
             max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
             sp = body.sampling_params(max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
             rid = f"chatcmpl-{uuid.uuid4().hex}"
-            streams = [llm.generate({"prompt_token_ids": ids}, sp, rid)]
+            streams = [generate(ids, sp, rid, bool(body.stream))]
         except (ValueError, TypeError) as e:
             return bad_request(e, "messages")
         except EngineDeadError as e:
@@ -208,9 +183,10 @@ def run_server(
     timeout_keep_alive: float = TIMEOUT_KEEP_ALIVE,
     **engine_args,
 ) -> None:
-    """Serve until SIGINT / SIGTERM; then the requests are aborted, the connections closed, the engine and its
-    TP workers stopped, and this returns (uvicorn re-raises the signal it caught: it finds a no-op here)."""
-    llm = AsyncLLM(model, **engine_args)
+    """Serve until SIGINT / SIGTERM; then the requests are aborted, the connections closed, the engine core
+    process and its TP workers stopped, and this returns (uvicorn re-raises the signal it caught: it finds a
+    no-op here)."""
+    llm = AsyncLLM(model, multiprocess=True, **engine_args)
     app = build_app(llm, served_model_name or model, owns_engine=True)
     config = uvicorn.Config(
         app,

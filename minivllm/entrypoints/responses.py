@@ -9,12 +9,13 @@ from collections.abc import AsyncIterator
 
 from fastapi.responses import JSONResponse
 
-from minivllm.engine.async_llm import EngineDeadError
+from minivllm.engine.messages import EngineDeadError
 from minivllm.outputs import CompletionOutput, RequestOutput
 
 
 def error_response(message: str, param: str | None = None, status: int = 400) -> JSONResponse:
-    kind = {400: "BadRequestError", 500: "InternalServerError", 503: "ServiceUnavailableError"}[status]
+    kinds = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
+    kind = kinds[status]
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
 
 
