@@ -23,7 +23,14 @@ def packable(weight: torch.Tensor) -> bool:
         and weight.dim() == 2
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and (weight.dtype != torch.bfloat16 or bf16_supported())
     )
+
+
+def bf16_supported() -> bool:
+    """oneDNN packs and runs bf16 weights only on CPUs with bf16 instructions (AVX-512 BF16, AMX or
+    AVX-NE-CONVERT); elsewhere bf16 layers keep F.linear."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor | None:
