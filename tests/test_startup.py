@@ -110,7 +110,7 @@ def test_gpu_nothing_compiles_after_start(gpu_bf16_qwen3):
 HELPER_PROCESS = """
 import json, sys
 from minivllm import LLM, SamplingParams
-from minivllm.engine import attention_compile
+from minivllm.engine.startup import attention_compile
 spawned = attention_compile._helper is not None  # started by the import above
 from flash_attn.cute import cache_utils
 exports, export = [], cache_utils.JITPersistentCache._try_export_to_storage
@@ -178,7 +178,7 @@ def test_warmup_prefill_stores_into_a_stand_in_cache_and_restores_the_layers(tin
     a one-block stand-in cache with every slot -1 (so the kernels compile their storing variant) and the
     torch attention when the backend reads keys from the cache; afterwards every layer has its own cache and
     backend back, the real cache is untouched, and the engine answers as before."""
-    from minivllm.engine import warmup
+    from minivllm.engine.startup import warmup
     from minivllm.layers import attention_prologue
     from minivllm.utils import switches
 
@@ -230,7 +230,7 @@ def test_attention_compile_ahead_makes_the_warmup_prefills_call(tiny_qwen3, monk
     stand-in cache; it must be the kernel warmup_attention's prefill then runs, so the stand-in must make the
     layers' call: the same dtypes, head counts, page size, tokens, batch and which arguments are given (what
     the kernel's compile key is made of). Both calls recorded with the torch backend on CPU."""
-    from minivllm.engine import attention_compile
+    from minivllm.engine.startup import attention_compile
     from minivllm.layers import attention_backend
 
     calls, prefill_paged = [], attention_backend.prefill_paged
@@ -275,7 +275,7 @@ def test_attention_compile_ahead_makes_the_warmup_prefills_call(tiny_qwen3, monk
 @pytest.fixture
 def fa4_cache(monkeypatch, tmp_path):
     """FlashAttention-4's disk-cache variables for one test (the module sets them with setdefault)."""
-    from minivllm.engine import attention_compile
+    from minivllm.engine.startup import attention_compile
 
     monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
     monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(tmp_path / "fa4"))
@@ -284,12 +284,12 @@ def fa4_cache(monkeypatch, tmp_path):
 
 
 def test_attention_compile_helper_process_runs_the_stand_in_and_reports_failure(tiny_qwen3, fa4_cache, monkeypatch):
-    """The helper process (`python3 -m minivllm.engine.attention_compile`) imports, then gets the stand-in as a
+    """The helper process (`python3 -m minivllm.engine.startup.attention_compile`) imports, then gets the stand-in as a
     JSON line on its stdin and runs it: here with the torch backend on CPU, where it must exit cleanly; a backend
     it cannot run (FlashAttention-4 on CPU) makes wait() warn with the exit code and the helper's output (the
     runner then compiles in its own warm-up), and so does a helper that does not finish in time (then stopped):
     never a hang or an exception. The waiting helper is taken once."""
-    from minivllm.engine import attention_compile
+    from minivllm.engine.startup import attention_compile
 
     llm = LLM(tiny_qwen3, device="cpu", num_kvcache_blocks=8)
     config, cpu = llm.model_runner.config, torch.device("cpu")
@@ -317,7 +317,7 @@ def test_attention_compile_helper_process_runs_the_stand_in_and_reports_failure(
 def test_unclaimed_helper_exits_on_its_own(fa4_cache, monkeypatch):
     """A helper no engine asks for exits once its idle time is up, and one whose engine's process closed its
     stdin exits at once, both without compiling: neither is left behind. An exited helper is not claimed."""
-    from minivllm.engine import attention_compile
+    from minivllm.engine.startup import attention_compile
 
     idle = attention_compile.spawn_helper(idle_s=0.5)
     monkeypatch.setattr(attention_compile, "_helper", idle)
@@ -333,7 +333,7 @@ def test_an_engine_stops_the_helper_it_does_not_use(tiny_qwen3, fa4_cache, monke
     """The helper serves the first engine that starts: one that compiles no FlashAttention-4 kernel (a CPU engine
     here) stops it, and one whose start-up fails after sending it the stand-in stops it too; neither leaves it
     compiling beside the next engine's KV-cache sizing."""
-    from minivllm.engine import attention_compile
+    from minivllm.engine.startup import attention_compile
     from minivllm.engine.model_runner import ModelRunner
     from minivllm.layers import attention_backend
 
@@ -360,7 +360,7 @@ def test_an_engine_stops_the_helper_it_does_not_use(tiny_qwen3, fa4_cache, monke
 def test_helper_starts_where_a_first_engine_would_compile(fa4_cache, monkeypatch):
     """`minivllm.llm`'s import starts a helper only in a user's process (not a helper, not a spawned worker) with
     CUDA and FlashAttention-4 installed and its disk cache on and without a kernel ("auto"), or on ("process")."""
-    from minivllm.engine import attention_compile
+    from minivllm.engine.startup import attention_compile
     from minivllm.utils import switches
 
     def no_flash_attn(name):
@@ -411,7 +411,7 @@ def test_where_the_attention_kernel_compiles(tiny_qwen3, fa4_cache, monkeypatch)
     FlashAttention-4 will not be the backend."""
     from types import SimpleNamespace
 
-    from minivllm.engine import attention_compile
+    from minivllm.engine.startup import attention_compile
     from minivllm.utils import switches
 
     tmp_path = fa4_cache

@@ -1,4 +1,4 @@
-"""The Triton kernels a GPU engine compiles on threads at its start (minivllm/engine/triton_compile.py): the
+"""The Triton kernels a GPU engine compiles on threads at its start (minivllm/engine/startup/triton_compile.py): the
 stand-ins must launch the variants the engine's own launches need, so that nothing compiles on the runner's
 thread. On CPU, through the Triton interpreter, by comparing what each launch would specialise on; on a GPU, in a
 fresh process over an empty Triton cache, by which thread each compile ran on."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine import triton_compile
+from minivllm.engine.startup import triton_compile
 
 KERNELS = {  # the engine's Triton kernels on a GPU, by default (layers/)
     "_rms_norm_kernel",
@@ -66,7 +66,7 @@ def test_stand_ins_launch_every_variant_the_engine_launches(tiny_qwen3, dtype, m
     """A CPU engine running the GPU path's kernels through the interpreter (the `triton_on_cpu` switch, and our
     paged decode kernel for decode): its warm-up prefill and sampler, then prefills, chunks and sampled decode
     steps launch no kernel variant the stand-ins do not, and the stand-ins launch all seven kernels."""
-    from minivllm.engine import warmup
+    from minivllm.engine.startup import warmup
     from minivllm.layers import attention_backend
     from minivllm.utils import switches
 

@@ -125,7 +125,7 @@ def pick(
 
         table.update(paged_decode=partial(paged_decode, use_pdl=options.pdl))
     elif backend == "torch" and cpp is not None:
-        table.update(paged_decode=cpp.paged_decode)
+        table.update(paged_decode=cpp.checked_paged_decode)
     return Ops(**table)
 
 

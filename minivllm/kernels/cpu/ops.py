@@ -92,6 +92,18 @@ def paged_decode(
     block_tables: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    torch_attention.check_decode_shapes(q, k_cache, v_cache, context_lens, block_tables)  # the torch path's messages
     lens, tables = context_lens.to(torch.int32), block_tables.to(torch.int32)  # no copy when they are int32
     return torch.ops.minivllm.paged_decode(q.contiguous(), k_cache, v_cache, lens, tables, scale)
+
+
+def checked_paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """paged_decode after the torch path's shape checks (their messages), what the engine's table holds."""
+    torch_attention.check_decode_shapes(q, k_cache, v_cache, context_lens, block_tables)
+    return paged_decode(q, k_cache, v_cache, context_lens, block_tables, scale)
