@@ -13,6 +13,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP as HFQwen3MLP
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding, apply_rotary_pos_emb
 
 from conftest import assert_close
+from minivllm.kernels import KernelOptions, pick
 from minivllm.layers.activation import SiluAndMul
 from minivllm.layers.layernorm import RMSNorm
 from minivllm.layers.linear import (
@@ -24,7 +25,6 @@ from minivllm.layers.linear import (
 )
 from minivllm.layers.rotary_embedding import RotaryEmbedding, get_rope, rope_theta_of
 from minivllm.models.qwen3 import Qwen3MLP
-from minivllm.kernels import KernelOptions, pick
 from minivllm.utils.context import use_ops
 
 

@@ -5,10 +5,10 @@ exactly what the same kernels give launched one after the other without it, and 
 import pytest
 import torch
 
+from minivllm.kernels.triton import pdl
 from minivllm.kernels.triton.attention_prologue import attention_prologue
 from minivllm.kernels.triton.paged_decode import paged_decode
 from minivllm.layers.rotary_embedding import RotaryEmbedding
-from minivllm.kernels.triton import pdl
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
