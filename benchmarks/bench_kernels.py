@@ -27,9 +27,9 @@ import torch
 
 import minivllm  # noqa: F401  (TRITON_INTERPRET=1 without CUDA)
 from minivllm.layers import attention_backend
+from minivllm.layers.attention import store_kvcache_torch
 from minivllm.layers.paged_decode import paged_decode
 from minivllm.layers.store_kvcache import store_kvcache
-from minivllm.layers.torch_attention import store_kvcache_torch
 from minivllm.testing.benchmark import COPY_BW as CEILING
 from minivllm.testing.benchmark import save_json
 from minivllm.utils import switches

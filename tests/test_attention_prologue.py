@@ -8,9 +8,9 @@ import torch
 
 from conftest import assert_close
 from minivllm.kernels.triton.attention_prologue import attention_prologue as prologue
+from minivllm.layers.attention import store_kvcache_torch
 from minivllm.layers.layernorm import RMSNorm
 from minivllm.layers.rotary_embedding import RotaryEmbedding
-from minivllm.layers.torch_attention import store_kvcache_torch
 
 NUM_BLOCKS, BLOCK_SIZE = 4, 4
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the compiled kernel on a GPU, the interpreter on CPU

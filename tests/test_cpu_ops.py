@@ -14,7 +14,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.kernels import KernelOptions, pick
 from minivllm.kernels.cpu import build
 from minivllm.kernels.cpu import ops as cpu_ops
-from minivllm.layers import activation, attention_backend, layernorm, rotary_embedding, torch_attention
+from minivllm.layers import activation, attention, attention_backend, layernorm, rotary_embedding, torch_attention
 from minivllm.utils.context import use_ops
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -91,7 +91,7 @@ def test_store_matches_index_assignment(dtype, slot_dtype):
     k, v = qkv[:, 64:128].view(6, 2, 32), qkv[:, 128:].view(6, 2, 32)  # strided, as the model passes them
     slots = torch.tensor([5, -1, 0, 17, -1, 9], dtype=slot_dtype)
     want_k, want_v = torch.zeros(3, 8, 2, 32, dtype=dtype), torch.zeros(3, 8, 2, 32, dtype=dtype)
-    torch_attention.store_kvcache_torch(k, v, want_k, want_v, slots)
+    attention.store_kvcache_torch(k, v, want_k, want_v, slots)
     got_k, got_v = torch.zeros_like(want_k), torch.zeros_like(want_v)
     cpu_ops.store_kvcache(k, v, got_k, got_v, slots)
     assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)

@@ -6,7 +6,7 @@ import torch
 
 import minivllm  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any kernel runs)
 from minivllm.kernels.triton.store_kvcache import store_kvcache
-from minivllm.layers.torch_attention import store_kvcache_torch
+from minivllm.layers.attention import store_kvcache_torch
 from minivllm.testing.scatter import scatter_rows
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

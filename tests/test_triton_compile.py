@@ -90,6 +90,7 @@ def test_stand_ins_launch_every_variant_the_engine_launches(tiny_qwen3, dtype, m
         hot = SamplingParams(temperature=0.8, max_tokens=3, ignore_eos=True)
         with launches_recorded() as engine:
             warmup.warmup_model(runner)
+            runner.bind_kv_cache(runner.kv_cache)  # the warm-up runs before the cache exists: it leaves none
             llm.generate([[1, 2, 3], list(range(5, 70)), [9] * 20], hot, use_tqdm=False)  # one prompt in chunks
         stand_ins = triton_compile.stand_in_launches(
             runner.config, runner.dtype, runner.device, sample=True, decode_kernel=True

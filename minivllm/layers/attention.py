@@ -11,8 +11,21 @@ import torch
 from torch import nn
 
 from minivllm.layers import attention_backend
-from minivllm.layers.torch_attention import store_kvcache_torch
 from minivllm.utils.context import Context, get_context
+
+
+def store_kvcache_torch(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """The store as masked index assignment: what the Triton kernel does, for CPU. (The Triton interpreter
+    copies every tensor argument, the whole cache included, on each launch: far too slow for an engine.)
+    The mask makes the shape data-dependent, which is why CUDA graphs need the kernel instead."""
+    slots = slot_mapping.long()
+    if bool((slots < 0).any()):  # -1 = padding, write nothing (a CPU step has none: it never pads)
+        valid = slots >= 0
+        slots, key, value = slots[valid], key[valid], value[valid]
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = key
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = value
 
 
 class Attention(nn.Module):

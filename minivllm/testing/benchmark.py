@@ -14,7 +14,7 @@ import torch
 
 from minivllm.sampling_params import SamplingParams
 
-COPY_BW = 4.28e12  # bytes/s, device-to-device copy on the H200 (benchmarks/RESULTS.md)
+COPY_BW = 4.28e12  # bytes/s, device-to-device copy on the H200, as measured there
 MATMUL_FLOPS = 700e12  # bf16 dense matmul on the H200
 
 

@@ -3,6 +3,7 @@ model's load (`CompileAhead`: FlashAttention-4's prefill kernel in a helper proc
 attention_compile.py; our Triton kernels on threads, triton_compile.py), and the warm-up (warmup.py). A CPU
 engine compiles nothing ahead: its `CompileAhead` is empty."""
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -63,3 +64,12 @@ class CompileAhead:
         if self.attention is not None:
             self.attention.cancel()
             self.attention, self.where = None, None
+
+
+def timed(fn, device: torch.device) -> float:
+    """Seconds `fn()` takes, its GPU work included."""
+    t = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t

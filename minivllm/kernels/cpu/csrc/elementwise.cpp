@@ -157,7 +157,7 @@ at::Tensor silu_and_mul(const at::Tensor& x) {
   return out;
 }
 
-// --- the KV-cache store (layers/torch_attention.py: store_kvcache_torch) -------------------------------------
+// --- the KV-cache store (layers/attention.py: store_kvcache_torch) -------------------------------------------
 
 // key/value (N, Hkv, D), any token and head stride; the caches (num_blocks, block_size, Hkv, D) contiguous;
 // token i goes to cache row slot_mapping[i] (-1: written nowhere).
