@@ -28,7 +28,7 @@ T_START = time.perf_counter()
 
 import torch  # noqa: E402
 
-from minivllm.engine.triton_compile import THREAD_PREFIX  # noqa: E402
+from minivllm.engine.startup.triton_compile import THREAD_PREFIX  # noqa: E402
 from minivllm.testing.benchmark import phase_times, roofline, save_json, workload  # noqa: E402
 from minivllm.testing.compile_counter import CompileCounter  # noqa: E402
 from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint  # noqa: E402
@@ -62,10 +62,14 @@ QUESTIONS = [
 # --- GPU: one process of nano-vllm's procedure --------------------------------------------------------------
 
 
+def decode_kernel(runner) -> str:
+    """Which kernel decodes: the torch backend's, ours (Triton) or the flash backend's own."""
+    return "torch" if runner.backend == "torch" else ("triton" if runner.ops.paged_decode else "flash")
+
+
 def one_process(args) -> dict:
     """nano-vllm's procedure in this process: init, one short prompt, then `runs` timed runs of the workload."""
     from minivllm import LLM, SamplingParams
-    from minivllm.layers import attention_backend
 
     counter = CompileCounter()
     import_s = time.perf_counter() - T_START
@@ -118,7 +122,7 @@ def one_process(args) -> dict:
         runs=runs,
         floor=floor,
         backend=llm.model_runner.backend,
-        decode_kernel=attention_backend.decode_kernel(llm.model_runner.backend),
+        decode_kernel=decode_kernel(llm.model_runner),
         kv_cache_blocks=llm.config.num_kvcache_blocks,
         device=torch.cuda.get_device_name(),
     )
