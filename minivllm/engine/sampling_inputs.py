@@ -102,12 +102,19 @@ def prepare_sampling(
     penalised = [i for i in extra if sps[i].needs_history]
     if penalised:
         out.penalties = penalties([seqs[i] for i in penalised], penalised, vocab, device)
-    out.generators = {
-        i: generator_of(seqs[i], device) for i in extra if sps[i].seed is not None and sps[i].temperature > 0
+    out.generators = {  # a prefill chunk that does not finish its prompt draws nothing from its stream
+        i: generator_of(seqs[i], device)
+        for i in extra
+        if sps[i].seed is not None and sps[i].temperature > 0 and finishes_prompt(seqs[i])
     }
     out.logprob_rows = [i for i in extra if sps[i].logprobs is not None]
     out.num_logprobs = max((sps[i].logprobs for i in out.logprob_rows), default=0)
     return out
+
+
+def finishes_prompt(seq: Sequence) -> bool:
+    """This step computes the sequence's last token, so its sampled token is kept."""
+    return seq.num_computed_tokens + seq.num_scheduled_tokens >= seq.num_tokens
 
 
 def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
