@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from minivllm.config import Config
-from minivllm.engine import attention_compile, step_inputs, triton_compile, warmup
+from minivllm.engine import attention_compile, prompt_logprobs, step_inputs, triton_compile, warmup
 from minivllm.engine.cuda_graphs import DecodeGraphs
 from minivllm.engine.kv_cache import GpuMemory, allocate_zeroed, kv_block_bytes, kv_cache_shape, num_kvcache_blocks
 from minivllm.engine.sampling_inputs import SamplingInputs, prepare_sampling, sample_tokens
@@ -42,6 +42,7 @@ class StepHandle:
         self.n = tokens.shape[0]
         self.tokens, self.host, self.event = tokens if host is not None else tokens.clone(), host, None
         self.logprobs = logprobs
+        self.prompt_logprobs = None  # (PromptScoring, LogprobsTensors) of the rows that asked (prompt_logprobs.py)
         if host is not None:  # GPU: copy back without waiting (ordered before the next step's writes)
             host[: self.n].copy_(tokens, non_blocking=True)
             self.event = torch.cuda.Event()
@@ -229,8 +230,9 @@ class ModelRunner:
         in_graph = self.sample_in_graph and not is_prefill
         sampling = self.prepare_sample(seqs, in_graph)
         graph_sampled = in_graph and sampling.plain  # temperatures only: the graph's draw stands
+        scoring = prompt_logprobs.plan(seqs) if is_prefill else None  # rows asking for prompt logprobs
         with engine_group(self.group):
-            logits = self.run_model(inputs, need_logits=not graph_sampled)
+            logits = self.run_model(inputs, need_logits=not graph_sampled, keep_hidden=scoring is not None)
         logprobs = None
         if graph_sampled:
             tokens = self.last_sampled[: len(seqs)]  # the graph sampled them
@@ -238,11 +240,14 @@ class ModelRunner:
             tokens, logprobs = self.sample(logits, sampling)  # (num_seqs,) int64, on the device
             self.last_sampled[: tokens.shape[0]] = tokens
         handle = StepHandle(tokens, self.buffers.host_tokens_buffer(), logprobs)
+        if scoring is not None:
+            handle.prompt_logprobs = scoring, prompt_logprobs.score(self.model.lm_head, self.hidden, scoring)
+            self.hidden = None
         self.buffers.flip()
         return handle
 
     @torch.inference_mode()
-    def run_model(self, inp: StepInput, need_logits: bool = True) -> torch.Tensor | None:
+    def run_model(self, inp: StepInput, need_logits: bool = True, keep_hidden: bool = False) -> torch.Tensor | None:
         """Logits of the last token of each sequence (rank 0; None on the other ranks). A decode graph that
         samples (one GPU) returns None unless `need_logits`: its tokens are in `last_sampled`."""
         if not inp.is_prefill and not self.enforce_eager:
@@ -261,7 +266,9 @@ class ModelRunner:
             block_tables=t.get("block_tables"),
             num_decode_rows=inp.num_decode_rows,
         )
-        logits = self.model.compute_logits(self.model(t["input_ids"], t["positions"]))
+        hidden = self.model(t["input_ids"], t["positions"])
+        self.hidden = hidden if keep_hidden else None  # prompt logprobs read every position (prompt_logprobs.py)
+        logits = self.model.compute_logits(hidden)
         reset_context()
         return logits
 
