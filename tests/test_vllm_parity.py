@@ -42,3 +42,179 @@ def test_seeded_n2_sample_1_is_seed_plus_1_alone(chunked):
 
 def _fields(sp: SamplingParams) -> dict:
     return dict(temperature=sp.temperature, seed=sp.seed, max_tokens=sp.max_tokens, ignore_eos=sp.ignore_eos)
+
+
+# --- the text of the token that ended the output --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen3):
+    engine = LLM(tiny_qwen3, max_num_batched_tokens=256, **ARGS)
+    yield engine
+    engine.exit()
+
+
+@pytest.mark.parametrize("stop", [None, ["@@@@"]])  # decoded once at the end / token by token (a stop string)
+@pytest.mark.parametrize("include", [False, True])
+def test_the_eos_text_is_not_in_the_output(llm, stop, include):
+    tok, eos = llm.get_tokenizer(), llm.eos[0]
+    sp = SamplingParams(
+        temperature=0, max_tokens=6, min_tokens=2, logit_bias={eos: 100.0}, skip_special_tokens=False,
+        stop=stop, include_stop_str_in_output=include,
+    )  # fmt: skip
+    out = llm.generate([LONG[:20]], sp, use_tqdm=False)[0].outputs[0]
+    assert out.token_ids[-1] == eos and len(out.token_ids) == 3 and out.finish_reason == "stop"
+    ids = out.token_ids if include else out.token_ids[:-1]
+    assert out.text == tok.decode(ids, skip_special_tokens=False)
+    assert out.text.endswith(tok.eos_token) == include
+
+
+# --- prompt logprobs -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_qwen3):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_qwen3, dtype=torch.float32).eval()
+
+
+def reference_prompt_logprobs(hf_model, prompt: list[int]) -> torch.Tensor:
+    """transformers' log_softmax in fp32: row j scores token j + 1."""
+    with torch.no_grad():
+        return hf_model(torch.tensor([prompt])).logits[0].float().log_softmax(dim=-1)[:-1]
+
+
+def check_prompt_logprobs(got, prompt: list[int], ref: torch.Tensor, k: int) -> None:
+    assert len(got) == len(prompt) and got[0] is None
+    for j, entry in enumerate(got[1:]):
+        token = prompt[j + 1]
+        top = ref[j].topk(k).indices.tolist()
+        assert list(entry)[0] == token and set(entry) == {token, *top}
+        assert abs(entry[token].logprob - ref[j, token].item()) < 1e-4
+        assert entry[token].rank == int((ref[j] >= ref[j, token]).sum())
+        for r, t in enumerate(top, start=1):
+            assert entry[t].rank == r and abs(entry[t].logprob - ref[j, t].item()) < 1e-4
+
+
+def test_prompt_logprobs_match_transformers_across_chunks_and_prefix_hits(chunked, llm, hf_model):
+    prompt = LONG[:120]
+    ref = reference_prompt_logprobs(hf_model, prompt)
+    sp = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3)
+    for engine in (chunked, llm, llm):  # chunks of a 200-token budget beside another prompt; then a prefix hit
+        out = engine.generate([OTHER, prompt], [SamplingParams(max_tokens=2), sp], use_tqdm=False)
+        assert out[0].prompt_logprobs is None
+        check_prompt_logprobs(out[1].prompt_logprobs, prompt, ref, 3)
+    zero = llm.generate([prompt], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0]
+    assert all(len(e) == 1 for e in zero.prompt_logprobs[1:])
+
+
+# --- logit_bias, allowed_token_ids, bad_words ------------------------------------------------------------------
+
+
+def reference_greedy(hf_model, prompt: list[int], n: int, process) -> list[int]:
+    out = []
+    for _ in range(n):
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([prompt + out])).logits[0, -1].double()
+        out.append(int(process(logits, out).argmax()))
+    return out
+
+
+def test_logit_bias_and_allowed_token_ids(llm, hf_model):
+    prompt = LONG[:30]
+    bias = {17: 3.0, 250: -5.0, 400: 2.5}
+    allowed = [3, 17, 99, 250, 400]
+
+    def biased(logits, _):
+        for t, b in bias.items():
+            logits[t] += b
+        return logits
+
+    def restricted(logits, _):
+        keep = torch.full_like(logits, float("-inf"))
+        keep[allowed] = 0
+        return biased(logits, _) + keep
+
+    greedy = dict(temperature=0, max_tokens=8, ignore_eos=True)
+    outs = llm.generate(
+        [prompt] * 3,
+        [
+            SamplingParams(**greedy, logit_bias=bias),
+            SamplingParams(**greedy, logit_bias=bias, allowed_token_ids=allowed),
+            SamplingParams(**greedy, logit_bias={401: 100}),
+        ],
+        use_tqdm=False,
+    )
+    assert outs[0].token_ids == reference_greedy(hf_model, prompt, 8, biased)
+    assert outs[1].token_ids == reference_greedy(hf_model, prompt, 8, restricted)
+    assert outs[2].token_ids == [401] * 8
+
+
+def test_bad_words_ban_the_last_token_after_the_others(llm, hf_model):
+    """Outputs drawn from a word's two tokens only (allowed_token_ids): the word itself appears in the plain
+    output, and with the word banned its second token never follows its first."""
+    prompt = LONG[:30]
+    greedy = dict(temperature=0, max_tokens=10, ignore_eos=True)
+    for word in ("quick", "brown", "capital", "France", "inference", "scheduler", "prefix", "graphs", "engine"):
+        words = llm.processor.bad_words_token_ids([word])
+        w = words[0]
+        if len(w) != 2:
+            continue
+        plain = llm.generate([prompt], SamplingParams(**greedy, allowed_token_ids=w), use_tqdm=False)[0].token_ids
+        if any(plain[i : i + 2] == w for i in range(len(plain))):
+            break
+    else:
+        pytest.fail("no two-token word of the corpus appears in a greedy output over its tokens")
+
+    def banned(logits, out):
+        keep = torch.full_like(logits, float("-inf"))
+        keep[w] = 0
+        logits = logits + keep
+        for v in words:
+            if len(v) == 1 or out[len(out) - len(v) + 1 :] == v[:-1]:
+                logits[v[-1]] = float("-inf")
+        return logits
+
+    sp = SamplingParams(**greedy, allowed_token_ids=w, bad_words=[word])
+    got = llm.generate([prompt], sp, use_tqdm=False)[0].token_ids
+    assert got == reference_greedy(hf_model, prompt, 10, banned)
+    assert got != plain and not any(got[i : i + 2] == w for i in range(len(got)))
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(logit_bias={5000: 1.0}), r"logit_bias token ids \[5000\] are outside the vocabulary"),
+        (dict(allowed_token_ids=[1, 512]), r"allowed_token_ids \[512\] are outside the vocabulary"),
+    ],
+)
+def test_token_ids_outside_the_vocabulary_are_refused(llm, kw, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate([[1, 2, 3]], SamplingParams(**kw), use_tqdm=False)
+    assert not llm.requests
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(logit_bias=[1, 2]), "logit_bias must be a dict"),
+        (dict(logit_bias={1: float("nan")}), "logit_bias must be a dict"),
+        (dict(allowed_token_ids=[]), "allowed_token_ids must not be empty"),
+        (dict(allowed_token_ids=["a"]), "allowed_token_ids must be a list of integers"),
+        (dict(bad_words=["ok", ""]), "bad_words must be a list of non-empty strings"),
+        (dict(prompt_logprobs=21), r"prompt_logprobs must be an integer in \[0, 20\]"),
+    ],
+)
+def test_bad_values_name_the_field(kw, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kw)
+
+
+def test_clone_is_deep():
+    sp = SamplingParams(stop=["a"], logit_bias={1: 2.0}, temperature=0.5)
+    twin = sp.clone()
+    twin.stop.append("b")
+    twin.logit_bias[3] = 1.0
+    assert sp.stop == ["a"] and sp.logit_bias == {1: 2.0} and twin.temperature == 0.5
+    assert twin is not sp and sp.clone() == sp
