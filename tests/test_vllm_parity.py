@@ -218,3 +218,89 @@ def test_clone_is_deep():
     twin.logit_bias[3] = 1.0
     assert sp.stop == ["a"] and sp.logit_bias == {1: 2.0} and twin.temperature == 0.5
     assert twin is not sp and sp.clone() == sp
+
+
+# --- over HTTP, with the real openai client ------------------------------------------------------------------
+
+NAME = "tiny"
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory) -> str:
+    from minivllm.testing.tiny_model import CHAT_TEMPLATE, make_tiny_checkpoint
+
+    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("chat")), "qwen3", chat_template=CHAT_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def server(chat_model):
+    from minivllm.engine.async_llm import AsyncLLM
+    from minivllm.entrypoints.openai_server import ServerThread
+
+    llm = AsyncLLM(chat_model, **ARGS, max_num_batched_tokens=64)
+    with ServerThread(llm, NAME) as srv:
+        srv.llm = llm
+        yield srv
+    llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+TEXT = "The quick brown fox jumps over the lazy dog. What is the capital of France?"
+
+
+def test_echo_with_logprobs_returns_the_prompt_logprobs_first(server, client, chat_model):
+    from transformers import AutoModelForCausalLM
+
+    ids = server.llm.tokenizer.encode(TEXT)
+    model = AutoModelForCausalLM.from_pretrained(chat_model, dtype=torch.float32).eval()
+    ref = reference_prompt_logprobs(model, ids)
+    r = client.completions.create(model=NAME, prompt=TEXT, max_tokens=3, temperature=0, echo=True, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].text.startswith(TEXT) and len(lp.tokens) == len(ids) + 3
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(abs(lp.token_logprobs[j + 1] - ref[j, ids[j + 1]].item()) < 1e-4 for j in range(len(ids) - 1))
+    assert all(lp.tokens[j] in lp.top_logprobs[j] for j in range(1, len(lp.tokens)))  # the token, then the top 2
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    assert "".join(lp.tokens[: len(ids)]) == TEXT
+
+    scored = client.completions.create(model=NAME, prompt=TEXT, max_tokens=0, echo=True, logprobs=1, temperature=0)
+    c = scored.choices[0]
+    assert c.text == TEXT and c.finish_reason == "length" and scored.usage.completion_tokens == 0
+    assert c.logprobs.tokens == lp.tokens[: len(ids)]
+    assert c.logprobs.token_logprobs == pytest.approx(lp.token_logprobs[: len(ids)], abs=1e-5)
+
+
+def test_http_logit_bias_allowed_token_ids_and_bad_values(server, client):
+    import openai
+
+    r = client.completions.create(
+        model=NAME, prompt=TEXT, max_tokens=4, temperature=0, logit_bias={"401": 100}, logprobs=0,
+        extra_body=dict(return_tokens_as_token_ids=True, ignore_eos=True),
+    )  # fmt: skip
+    assert r.choices[0].logprobs.tokens == ["token_id:401"] * 4
+    r = client.completions.create(
+        model=NAME, prompt=TEXT, max_tokens=4, temperature=0, logprobs=0,
+        extra_body=dict(return_tokens_as_token_ids=True, ignore_eos=True, allowed_token_ids=[7, 9]),
+    )  # fmt: skip
+    assert set(r.choices[0].logprobs.tokens) <= {"token_id:7", "token_id:9"}
+    for extra, message in (
+        (dict(logit_bias={"x": 1}), "logit_bias keys must be token ids"),
+        (dict(logit_bias={"9999": 1}), "logit_bias token ids [9999] are outside the vocabulary"),
+        (dict(allowed_token_ids=[600]), "allowed_token_ids [600] are outside the vocabulary"),
+        (dict(prompt=list(range(1, 300))), "maximum context length is 256 tokens"),
+    ):
+        prompt = extra.pop("prompt", TEXT)
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model=NAME, prompt=prompt, max_tokens=4, extra_body=extra)
+        assert message in str(e.value)
+    with pytest.raises(openai.BadRequestError, match="cannot set both continue_final_message and add_generation"):
+        client.chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": "hi"}], extra_body=dict(continue_final_message=True)
+        )
+    assert not server.llm.engine.requests

@@ -88,17 +88,14 @@ class Processor:
         if sp.prompt_logprobs is not None and self.tensor_parallel_size > 1:
             raise ValueError("prompt_logprobs is not supported with tensor_parallel_size > 1")
         n, limit = len(token_ids), self.max_model_len
+        context = f"this model's maximum context length is {limit} tokens"
         if sp.max_tokens is None and n >= limit:
-            raise ValueError(
-                f"This model's maximum context length is {limit} tokens: a prompt of {n} tokens leaves no room "
-                f"for output within max_model_len {limit}"
-            )
+            raise ValueError(f"prompt of {n} tokens leaves no room for output within max_model_len {limit} ({context})")
         max_tokens = sp.max_tokens if sp.max_tokens is not None else limit - n
         total = n + max_tokens
         if total > limit:
             raise ValueError(
-                f"This model's maximum context length is {limit} tokens: prompt of {n} tokens + max_tokens "
-                f"{max_tokens} = {total} exceeds max_model_len {limit}"
+                f"prompt of {n} tokens + max_tokens {max_tokens} = {total} exceeds max_model_len {limit} ({context})"
             )
         blocks = -(-total // self.block_size)
         if blocks > self.num_blocks:
