@@ -304,3 +304,54 @@ def test_http_logit_bias_allowed_token_ids_and_bad_values(server, client):
             model=NAME, messages=[{"role": "user", "content": "hi"}], extra_body=dict(continue_final_message=True)
         )
     assert not server.llm.engine.requests
+
+
+# --- LLM(...) as vLLM users call it; chat continuing the last message; the overflow wording ---------------------
+
+
+def test_vllm_engine_arguments(tiny_qwen3, tmp_path, caplog):
+    from transformers import AutoTokenizer
+
+    tokenizer_dir = str(tmp_path / "tok")
+    AutoTokenizer.from_pretrained(tiny_qwen3).save_pretrained(tokenizer_dir)
+    with caplog.at_level("WARNING", logger="minivllm"):
+        engine = LLM(
+            tiny_qwen3, tokenizer=tokenizer_dir, trust_remote_code=True, block_size=32, disable_log_stats=True,
+            swap_space=4, max_model_len=128, num_kvcache_blocks=16, max_num_seqs=4,
+        )  # fmt: skip
+    try:
+        assert engine.config.kvcache_block_size == 32 and engine.scheduler.block_manager.block_size == 32
+        assert engine.config.tokenizer == tokenizer_dir
+        for name in ("trust_remote_code", "disable_log_stats", "swap_space"):
+            assert any(name in r.getMessage() and "has no effect" in r.getMessage() for r in caplog.records), name
+        out = engine.generate([LONG[:40]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0]
+        assert len(out.token_ids) == 4
+        with pytest.raises(ValueError, match="maximum context length is 128 tokens"):
+            engine.generate([LONG[:120]], SamplingParams(max_tokens=20), use_tqdm=False)
+    finally:
+        engine.exit()
+    with pytest.raises(ValueError, match="kvcache_block_size must be >= 1, got 0"):
+        LLM(tiny_qwen3, block_size=0)
+    with pytest.raises(ValueError, match="kvcache_block_size must be >= 1, got 2.5"):
+        LLM(tiny_qwen3, block_size=2.5)
+    with pytest.raises(TypeError, match="give block_size or kvcache_block_size, not both"):
+        LLM(tiny_qwen3, block_size=16, kvcache_block_size=16)
+    with pytest.raises(FileNotFoundError, match="tokenizer directory"):
+        LLM(tiny_qwen3, tokenizer=str(tmp_path / "missing"))
+
+
+def test_chat_continue_final_message(tiny_qwen3, tmp_path):
+    from minivllm.testing.tiny_model import CHAT_TEMPLATE, make_tiny_checkpoint
+
+    path = make_tiny_checkpoint(str(tmp_path / "chat"), "qwen3", chat_template=CHAT_TEMPLATE)
+    engine = LLM(path, max_model_len=128, num_kvcache_blocks=16, kvcache_block_size=16, max_num_seqs=4)
+    try:
+        conversation = [{"role": "user", "content": "Name a city."}, {"role": "assistant", "content": "Paris is"}]
+        sp = SamplingParams(temperature=0, max_tokens=3)
+        out = engine.chat(conversation, sp, add_generation_prompt=False, continue_final_message=True, use_tqdm=False)
+        expected = engine.tokenizer.apply_chat_template(conversation, tokenize=False, continue_final_message=True)
+        assert out[0].prompt == expected and out[0].prompt.endswith("Paris is")
+        with pytest.raises(ValueError, match="cannot set both continue_final_message and add_generation_prompt"):
+            engine.chat(conversation, sp, continue_final_message=True, use_tqdm=False)
+    finally:
+        engine.exit()
