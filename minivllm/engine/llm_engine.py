@@ -10,8 +10,8 @@ feeds in from step N's output (step_inputs.py); only then does it read step N's 
 into outputs. The host work of a step hides behind the GPU work of the previous one. The launch waits for
 the step in flight instead when the next step needs its tokens on the host:
 - with tensor parallelism: the workers receive each step's token ids from rank 0;
-- when a request in flight has penalties: they count every previous token of the request, so its newest
-  one must be known (sampling_inputs.py). Only batches holding such a request lose the overlap.
+- when a request in flight has penalties or bad words: they read every previous token of the request, so
+  its newest one must be known (sampling_inputs.py). Only batches holding such a request lose the overlap.
 
 Aborting frees a request's blocks at once (scheduler.py: `finish`), also while a step that computes it is
 in flight: that step's token for it is discarded when it arrives."""
@@ -55,7 +55,7 @@ class Launched:
     sampled: list[tuple[Sequence, int]]  # (sequence, position of its PENDING token)
     handle: StepHandle
     record: StepRecord
-    needs_history: bool  # a request in it has penalties: finish it before the next launch
+    needs_history: bool  # a request in it has penalties or bad words: finish it before the next launch
 
 
 class LLMEngine:
