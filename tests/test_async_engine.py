@@ -45,6 +45,8 @@ def fake_token(request_id: str, index: int, pos: int) -> int:
 
 
 class Handle:
+    prompt_logprobs = None  # no request here asks for prompt logprobs
+
     def __init__(self, tokens: list[int]) -> None:
         self.tokens = tokens
 

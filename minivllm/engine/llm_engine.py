@@ -71,7 +71,6 @@ class LLMEngine:
                 self.workers.exit(timeout=1)
             raise
         self.tokenizer = load_tokenizer(config.tokenizer or model, config.hf_config)
-        self.processor = Processor.of(config, self.tokenizer)
         self.eos = eos_token_ids(model, self.tokenizer)
         self.model_runner.eos = self.eos
         self.scheduler = Scheduler(config, self.eos)
@@ -95,6 +94,11 @@ class LLMEngine:
         self.model_runner = None
 
     # --- requests --------------------------------------------------------------------------------------
+
+    @property
+    def processor(self) -> Processor:
+        """Tokenizes and checks requests against this engine's limits (processor.py)."""
+        return Processor.of(self.config, self.tokenizer)
 
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None) -> None:
         """Queue a request (vLLM's signature): `prompt` in any form of minivllm/inputs.py, or a Request that a
