@@ -97,7 +97,8 @@ def check_prompt_logprobs(got, prompt: list[int], ref: torch.Tensor, k: int) -> 
             assert entry[t].rank == r and abs(entry[t].logprob - ref[j, t].item()) < 1e-4
 
 
-def test_prompt_logprobs_match_transformers_across_chunks_and_prefix_hits(chunked, llm, hf_model):
+def test_prompt_logprobs_match_transformers_across_chunks_and_prefix_hits(chunked, llm, hf_model, monkeypatch):
+    monkeypatch.setattr("minivllm.engine.prompt_logprobs.SLICE", 7)  # positions scored 7 at a time
     prompt = LONG[:120]
     ref = reference_prompt_logprobs(hf_model, prompt)
     sp = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3)
@@ -353,5 +354,26 @@ def test_chat_continue_final_message(tiny_qwen3, tmp_path):
         assert out[0].prompt == expected and out[0].prompt.endswith("Paris is")
         with pytest.raises(ValueError, match="cannot set both continue_final_message and add_generation_prompt"):
             engine.chat(conversation, sp, continue_final_message=True, use_tqdm=False)
+    finally:
+        engine.exit()
+
+
+@pytest.mark.gpu
+def test_gpu_prompt_logprobs_seeded_chunks_and_logits_processors(tiny_qwen3, hf_model):
+    """The same on CUDA (decode graphs on): prompt logprobs in fp32 against transformers, a seeded request alone
+    and queued behind a long prompt, and a biased greedy run."""
+    engine = LLM(tiny_qwen3, device="cuda", dtype="float32", max_num_batched_tokens=200, **ARGS)
+    try:
+        prompt = LONG[:120]
+        out = engine.generate([prompt], SamplingParams(max_tokens=2, prompt_logprobs=3), use_tqdm=False)[0]
+        check_prompt_logprobs(out.prompt_logprobs, prompt, reference_prompt_logprobs(hf_model, prompt), 3)
+        engine.reset_prefix_cache()
+        sp = SamplingParams(temperature=1.0, seed=77, max_tokens=8, ignore_eos=True)
+        alone = engine.generate([LONG], sp, use_tqdm=False)[0].token_ids
+        engine.reset_prefix_cache()
+        queued = engine.generate([OTHER, LONG], [SamplingParams(max_tokens=8), sp], use_tqdm=False)[1].token_ids
+        assert queued == alone
+        biased = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logit_bias={401: 100})
+        assert engine.generate([prompt], biased, use_tqdm=False)[0].token_ids == [401] * 4
     finally:
         engine.exit()
