@@ -5,11 +5,14 @@ The pipeline they drive, in order (minivllm/engine/model_runner.py, `ModelRunner
 of the raw logits (`logprobs`), `min_tokens` (EOS and `stop_token_ids` masked until reached), the penalties
 (`repetition_penalty` over prompt + output tokens, `frequency_penalty` / `presence_penalty` over output
 tokens), then temperature, `min_p`, `top_k`, `top_p`, and the draw (`seed`: the request's own random stream).
+`structured_outputs` masks the logits before all of these, logprobs included as in vLLM (minivllm/structured_outputs).
 On the host: `stop` strings on the detokenised text, `max_tokens`, `ignore_eos`."""
 
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum
+
+from minivllm.structured_outputs.params import StructuredOutputsParams
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 GREEDY_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
@@ -49,6 +52,7 @@ class SamplingParams:
     logprobs: int | None = None  # top log-probabilities per output token (plus the sampled one); None = off
     skip_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None  # the output's grammar (minivllm/structured_outputs)
     # derived (the engine reads them at every step): penalties read every previous token; anything beyond
     # temperature needs the sampling outside the decode graph
     needs_history: bool = field(default=False, init=False, repr=False, compare=False)
@@ -88,6 +92,9 @@ class SamplingParams:
         if not all(_is_int(t) for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}")
         self.output_kind = RequestOutputKind(self.output_kind)
+        so = self.structured_outputs
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams or None, got {type(so).__name__}")
         self.top_k = max(self.top_k, 0)
         if self.temperature < GREEDY_EPS:  # greedy: the filters cannot change an argmax
             self.temperature, self.top_p, self.top_k, self.min_p = 0.0, 1.0, 0, 0.0
@@ -101,4 +108,5 @@ class SamplingParams:
             or self.needs_history
             or (self.seed is not None and self.temperature > 0)
             or self.logprobs is not None
+            or self.structured_outputs is not None  # the grammar's mask, on the eager path
         )

@@ -9,8 +9,9 @@ feeds in from step N's output (step_inputs.py); only then does it read step N's 
 into outputs. The host work of a step hides behind the GPU work of the previous one. The launch waits for
 the step in flight instead when the next step needs its tokens on the host:
 - with tensor parallelism: the workers receive each step's token ids from rank 0;
-- when a request in flight has penalties: they count every previous token of the request, so its newest
-  one must be known (sampling_inputs.py). Only batches holding such a request lose the overlap.
+- when a request in flight has penalties (they count every previous token of the request, sampling_inputs.py)
+  or a grammar (its mask depends on its newest token, minivllm/structured_outputs): its newest token must be
+  known. Only batches holding such a request lose the overlap.
 
 A request of `n` completions has `n` sequences. With prefix caching, sequences 1..n-1 wait until sequence 0
 has computed the prompt and then find its blocks in the prefix cache, so the prompt is computed once.
@@ -33,6 +34,7 @@ from minivllm.engine.tp_workers import Workers
 from minivllm.inputs import parse_prompt
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from minivllm.structured_outputs.manager import StructuredOutputs
 from minivllm.utils.dist import free_port
 
 
@@ -75,6 +77,7 @@ class LLMEngine:
         self.eos = eos_token_ids(model, self.tokenizer)
         self.model_runner.eos = self.eos
         self.scheduler = Scheduler(config, self.eos)
+        self.structured_outputs = StructuredOutputs(self.tokenizer, config.hf_config.vocab_size, self.eos)
         self.vocab_size = config.hf_config.vocab_size
         self.requests: dict[str, Request] = {}  # unfinished, by id
         self.in_flight: Launched | None = None
@@ -125,6 +128,7 @@ class LLMEngine:
         for i in range(params.n):  # child i draws from seed + i, as vLLM
             child = replace(params, n=1, seed=params.seed + i) if params.n > 1 and params.seed is not None else params
             seqs.append(Sequence(token_ids, child, request_id, i))
+        self.structured_outputs.attach(seqs)  # a matcher per sequence (ValueError: an invalid grammar)
         return Request(request_id, text, token_ids, params, seqs, [])
 
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None) -> None:
@@ -207,7 +211,7 @@ class LLMEngine:
         handle = self.model_runner.launch(seqs, is_prefill)
         sampled = self.scheduler.on_launch(seqs)
         record.schedule, record.run = t1 - t0, time.perf_counter() - t1
-        needs_history = any(s.sampling_params.needs_history for s in seqs)
+        needs_history = any(s.sampling_params.needs_history or s.sampling_params.structured_outputs for s in seqs)
         return Launched(seqs, sampled, handle, record, needs_history)
 
     def _finish(self, launched: Launched) -> list[RequestOutput]:
@@ -217,6 +221,7 @@ class LLMEngine:
         # sequences with per-token work (an aborted one's token is dropped); the others need nothing until done
         work = [(seq, pos) for seq, pos in launched.sampled if seq.output_work and not seq.is_finished]
         finished = self.scheduler.on_result(launched.seqs, launched.sampled, tokens)
+        finished += self.structured_outputs.advance(launched.sampled, self.scheduler)  # grammars take the tokens
         rows = {id(s): i for i, s in enumerate(launched.seqs)} if logprobs else None
         changed: dict[str, list[Sequence]] = {}
         for seq, pos in work:

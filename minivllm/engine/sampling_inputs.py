@@ -13,6 +13,7 @@ from minivllm.engine.step_inputs import InputBuffers
 from minivllm.layers.logprobs import LogprobsTensors, add_sampled, raw_logprobs
 from minivllm.layers.penalties import apply_penalties, ban_tokens, token_counts
 from minivllm.layers.sampler import Sampler
+from minivllm.structured_outputs.bitmask import GrammarMask, apply_grammar_mask, grammar_mask
 
 
 @dataclass(slots=True)
@@ -36,6 +37,7 @@ class SamplingInputs:
     generators: dict[int, torch.Generator] = field(default_factory=dict)  # row -> its request's own generator
     logprob_rows: list[int] = field(default_factory=list)  # rows that asked for logprobs
     num_logprobs: int = 0  # top-k of those rows (the largest asked; each row keeps its own k on the host)
+    grammar: GrammarMask | None = None  # the token bitmask of the rows with structured outputs
 
     @property
     def plain(self) -> bool:
@@ -47,6 +49,7 @@ class SamplingInputs:
             and self.penalties is None
             and not self.generators
             and not self.logprob_rows
+            and self.grammar is None
         )
 
 
@@ -107,6 +110,7 @@ def prepare_sampling(
     }
     out.logprob_rows = [i for i in extra if sps[i].logprobs is not None]
     out.num_logprobs = max((sps[i].logprobs for i in out.logprob_rows), default=0)
+    out.grammar = grammar_mask(seqs, vocab, device)  # structured outputs (minivllm/structured_outputs)
     return out
 
 
@@ -144,8 +148,10 @@ def penalties(seqs: list[Sequence], rows: list[int], vocab: int, device: torch.d
 def sample_tokens(
     sampler: Sampler, logits: torch.Tensor, s: SamplingInputs
 ) -> tuple[torch.Tensor, LogprobsTensors | None]:
-    """Tokens (B,) int64 from the step's logits (B, V), in vLLM's order: raw logprobs, min_tokens,
-    penalties, then the sampler (temperature, filters, the race; seeded rows from their own streams)."""
+    """Tokens (B,) int64 from the step's logits (B, V), in vLLM's order: the grammars' mask, raw logprobs,
+    min_tokens, penalties, then the sampler (temperature, filters, the race; seeded rows from their own streams)."""
+    if s.grammar is not None:
+        apply_grammar_mask(logits, s.grammar)  # in place: disallowed tokens -inf
     logprobs = None
     if s.logprob_rows:
         raw, logprobs = raw_logprobs(logits, s.logprob_rows, s.num_logprobs)
