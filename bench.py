@@ -14,6 +14,9 @@ transformers' generate on the same prompts, in float32 and bfloat16.
 
   python3 bench.py                  # GPU: bare and cached processes, first run vs warm
   python3 bench.py --cpu            # CPU: the engine vs transformers on SmolLM2
+
+--structured json adds, in each process (GPU) or dtype (CPU), one more timed run of the same prompts with a JSON
+schema on every request (minivllm/structured_outputs), reported beside the unconstrained throughput.
 """
 
 import argparse
@@ -57,6 +60,32 @@ QUESTIONS = [
     "Suggest a name for a cat.",
     "What is the largest ocean?",
 ]
+
+
+# --- structured outputs: the same prompts with a JSON schema on every request ---------------------------------
+
+STRUCTURED_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+
+
+def structured_run(llm, prompts, params) -> dict:
+    """One timed run of `prompts` with `params`, each constrained to STRUCTURED_SCHEMA. A request ends when its
+    grammar does (then its output parses) or at max_tokens (cut inside the object)."""
+    from dataclasses import replace
+
+    from minivllm.sampling_params import StructuredOutputsParams
+
+    so = StructuredOutputsParams(json=STRUCTURED_SCHEMA)
+    params = [
+        replace(p, structured_outputs=so) for p in (params if isinstance(params, list) else [params] * len(prompts))
+    ]
+    llm.reset_prefix_cache()
+    t = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - t
+    done = [o.outputs[0] for o in outputs if o.outputs[0].finish_reason == "stop"]
+    valid = sum(isinstance(json.loads(c.text).get("answer"), str) for c in done)
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return dict(kind="json", seconds=seconds, tokens=tokens, tok_per_s=tokens / seconds, stopped=len(done), valid=valid)
 
 
 # --- GPU: one process of nano-vllm's procedure --------------------------------------------------------------
@@ -107,6 +136,7 @@ def one_process(args) -> dict:
                 steps=steps,
             )
         )
+    structured = structured_run(llm, prompts, params) if args.structured else None
     floor = roofline(llm.config.hf_config, [len(p) for p in prompts], [p.max_tokens for p in params])
     result = dict(
         import_s=import_s,
@@ -116,6 +146,7 @@ def one_process(args) -> dict:
         init_triton_compiles=init_compiles,  # [kernel, seconds, thread] of each Triton compile (or cache load) in init
         init_triton_keys=init_keys,  # [kernel, what Triton specialised that compile on]
         runs=runs,
+        structured=structured,
         floor=floor,
         backend=llm.model_runner.backend,
         decode_kernel=attention_backend.decode_kernel(llm.model_runner.backend),
@@ -149,6 +180,7 @@ def run_gpu(args) -> dict:
         str(args.tp),
     ]
     child += ["--enforce-eager"] if args.enforce_eager else []
+    child += ["--structured", args.structured] if args.structured else []
     result = dict(compile_cache_dir=cache_root, processes={})
     for name in ("bare", "cached"):
         if name == "bare" and any(
@@ -165,6 +197,13 @@ def run_gpu(args) -> dict:
         process["wall_s"] = time.perf_counter() - t
         result["processes"][name] = process
     return result
+
+
+def structured_rows(name: str, s: dict | None, free_tok_per_s: float) -> list[tuple[str, str]]:
+    if s is None:
+        return []
+    value = f"{s['tok_per_s']:.0f} ({s['tok_per_s'] / free_tok_per_s:.2f}x unconstrained; "
+    return [(f"{name}: JSON schema tok/s", value + f"{s['stopped']} ended, {s['valid']} valid, {s['tokens']} tokens)")]
 
 
 def summarize_gpu(result: dict) -> list[tuple[str, str]]:
@@ -186,6 +225,7 @@ def summarize_gpu(result: dict) -> list[tuple[str, str]]:
                 f"{warm_tps:.0f}  (runs: " + ", ".join(f"{r['tok_per_s']:.0f}" for r in warm) + ")",
             ),
             (f"{name}: first / warm", f"{p['first_over_warm']:.2f}"),
+            *structured_rows(name, p.get("structured"), warm_tps),
             (
                 f"{name}: Triton kernels in init",
                 f"{len(p['init_triton_compiles'])}, {sum(c[1] for c in p['init_triton_compiles']):.1f} s"
@@ -227,6 +267,8 @@ def run_cpu(args) -> dict:
         t = time.perf_counter()
         outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
         engine_s = time.perf_counter() - t
+        greedy = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        structured = structured_run(llm, prompts, greedy) if args.structured else None
         llm.exit()
         hf = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype)).eval()
         width = max(len(p) for p in prompts)
@@ -261,6 +303,7 @@ def run_cpu(args) -> dict:
             hf_tok_per_s=tokens / hf_s,
             speedup=hf_s / engine_s,
             greedy_identical=f"{same}/{len(prompts)}",
+            structured=structured,
         )
     return dict(
         model=os.path.basename(model),
@@ -289,6 +332,7 @@ def main() -> None:
     ap.add_argument("--max-output-len", type=int, default=None)
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel size")
+    ap.add_argument("--structured", choices=["json"], help="also a run with a JSON schema on every request")
     ap.add_argument("--compile-cache", default=None, help="GPU: directory for the compile caches (must be empty)")
     ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "minivllm"))
     ap.add_argument(
@@ -311,6 +355,7 @@ def main() -> None:
                 (f"{dtype}: transformers s, tok/s", f"{r['hf_seconds']:.2f}, {r['hf_tok_per_s']:.1f}"),
                 (f"{dtype}: speed-up", f"{r['speedup']:.2f}x"),
                 (f"{dtype}: greedy tokens identical", r["greedy_identical"]),
+                *structured_rows(dtype, r["structured"], r["tok_per_s"]),
             ]
         title = f"{result['num_seqs']} chat prompts x {result['max_tokens']} tokens, {result['model']}, CPU"
     else:

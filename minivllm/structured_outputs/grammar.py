@@ -30,10 +30,14 @@ def reason(e: Exception) -> str:
 
 
 class GrammarCompiler:
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int]) -> None:
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
-        self.vocab_size = vocab_size
+    def __init__(self, info: xgr.TokenizerInfo) -> None:
+        self.vocab_size = info.vocab_size
         self.compiler = xgr.GrammarCompiler(info, cache_enabled=True)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, vocab_size: int, stop_token_ids: list[int]) -> "GrammarCompiler":
+        """The compiler of a Hugging Face tokenizer's vocabulary, padded to the model's `vocab_size`."""
+        return cls(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids))
 
     def compile(self, params: StructuredOutputsParams) -> xgr.CompiledGrammar:
         """The compiled grammar of `params` (ValueError when its schema, regex or grammar is invalid)."""

@@ -28,7 +28,7 @@ class StructuredOutputs:
             if self._compiler is None:
                 from minivllm.structured_outputs.grammar import GrammarCompiler  # loads xgrammar
 
-                self._compiler = GrammarCompiler(self.tokenizer, self.vocab_size, self.stop_token_ids)
+                self._compiler = GrammarCompiler.from_tokenizer(self.tokenizer, self.vocab_size, self.stop_token_ids)
             return self._compiler
 
     def attach(self, seqs: list[Sequence]) -> None:
