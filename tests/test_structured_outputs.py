@@ -235,9 +235,12 @@ def test_batched_with_unconstrained_rows(llm):
 
 
 def test_n_greater_than_one(llm):
-    """n = 4 samples of one request: each sequence has its own matcher, each output is valid."""
+    """n = 4 samples of one request: each sequence has its own matcher, each output is valid (also when the
+    prompt is long enough that sequences 1..3 wait for sequence 0's prompt in the prefix cache)."""
     params, check = CASES["json"]
-    outs = llm.generate(PROMPTS[:2], SamplingParams(n=4, seed=7, max_tokens=200, structured_outputs=params))
+    prompts = [PROMPTS[0], " ".join(PROMPTS * 4)]
+    sp = SamplingParams(n=4, seed=7, max_tokens=200, structured_outputs=params)
+    outs = llm.generate(prompts, sp, use_tqdm=False)
     for o in outs:
         assert len(o.outputs) == 4
         for c in o.outputs:

@@ -20,8 +20,9 @@ which the matcher (host code, a pushdown automaton over the grammar) must accept
 next. So a batch holding a grammar row (1) waits for step N's tokens before launching step N+1, as it does for
 penalties (llm_engine.py), losing the one-step-ahead overlap, and (2) samples on the eager path
 (sampling_inputs.py: the row needs more than temperature), where the mask is one `apply_token_bitmask_inplace`
-on the logits before the draw. Capturing the mask inside the decode graph would save the graph's own draw being
-replaced by the eager one, but not the wait: the host must fill the mask between two steps either way.
+on the logits before the draw. With one GPU the decode graph still replays whole (its LM head and draw included),
+then the eager path computes the LM head again for the logits it masks. Capturing the mask inside the graph would
+spare that second LM head and draw, not the wait: the host must fill the mask between two steps either way.
 `bench.py --structured json` measures what it costs (the same workload with a JSON schema on every request,
 beside the unconstrained one). Rows without a grammar in the same batch are not masked."""
 
