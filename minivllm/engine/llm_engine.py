@@ -9,9 +9,8 @@ feeds in from step N's output (step_inputs.py); only then does it read step N's 
 into outputs. The host work of a step hides behind the GPU work of the previous one. The launch waits for
 the step in flight instead when the next step needs its tokens on the host:
 - with tensor parallelism: the workers receive each step's token ids from rank 0;
-- when a request in flight has penalties (they count every previous token of the request, sampling_inputs.py)
-  or a grammar (its mask depends on its newest token, minivllm/structured_outputs): its newest token must be
-  known. Only batches holding such a request lose the overlap.
+- when a request in flight has penalties or a grammar: they read every previous token of the request, so its
+  newest one must be known (sampling_inputs.py, structured_outputs/). Only such batches lose the overlap.
 
 A request of `n` completions has `n` sequences. With prefix caching, sequences 1..n-1 wait until sequence 0
 has computed the prompt and then find its blocks in the prefix cache, so the prompt is computed once.
