@@ -11,6 +11,8 @@ import torch
 # had loaded before it (benchmarks/NOTES.md, change 30)
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
+from minivllm.kernels import KernelOptions
+
 # what the engine reads from a checkpoint's config.json (the model's shape, its norm, activation and RoPE)
 ENGINE_KEYS = (
     "architectures",
@@ -70,6 +72,7 @@ class Config:
     attention_backend: str | None = None  # None: fastest available (see layers/attention_backend.py)
     device: str = "auto"  # auto: CUDA if there is a GPU for every TP rank, else CPU
     seed: int = 0
+    kernels: KernelOptions = field(default_factory=KernelOptions)  # which kernel families run (a dict works too)
     hf_config: PretrainedConfig | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -97,6 +100,7 @@ class Config:
             raise ValueError("device='cuda' but no CUDA device is available")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        self.kernels = KernelOptions.of(self.kernels)
         self.hf_config = self.hf_config or load_hf_config(self.model)
         self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)
         for name in ("num_attention_heads", "num_key_value_heads"):  # heads are sharded: check before spawning

@@ -6,18 +6,12 @@ own loop (engine/async_llm.py). Prompts take every form of minivllm/inputs.py.""
 import time
 from itertools import count
 
-from minivllm.engine import attention_compile
+from tqdm import tqdm
 
-# On a GPU whose FlashAttention-4 disk cache is empty, a helper process starts its imports now, beside the ones
-# below, to compile the first engine's attention kernel (engine/attention_compile.py)
-attention_compile.start_helper()
-
-from tqdm import tqdm  # noqa: E402
-
-from minivllm.engine.llm_engine import LLMEngine  # noqa: E402
-from minivllm.inputs import is_conversation, is_single_prompt, render_chat  # noqa: E402
-from minivllm.outputs import RequestOutput  # noqa: E402
-from minivllm.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
+from minivllm.engine.llm_engine import LLMEngine
+from minivllm.inputs import is_conversation, is_single_prompt, render_chat
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM(LLMEngine):

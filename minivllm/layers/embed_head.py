@@ -6,7 +6,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.layers import cpu_linear
+from minivllm.kernels.cpu import linear as cpu_linear
 from minivllm.utils.context import get_context
 from minivllm.utils.dist import divide, tp_rank, tp_size
 
@@ -55,7 +55,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         if bias:
             raise NotImplementedError("ParallelLMHead: bias is not supported")
         super().__init__(num_embeddings, embedding_dim)
-        self.packed_weight: torch.Tensor | None = None  # CPU: the weight in oneDNN's layout (cpu_linear.py)
+        self.packed_weight: torch.Tensor | None = None  # CPU: the weight in oneDNN's layout (kernels/cpu/linear.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | None:
         context = get_context()

@@ -1,24 +1,23 @@
-"""Paged decode attention as one Triton kernel (ours; GPU decode path, see attention_backend.py).
+"""Paged decode attention as one Triton kernel (ours; the GPU decode path with the flash backends).
 
 One query per sequence reads that sequence's keys and values through its block table, with the online
 softmax of notebook 07. One program per (sequence, KV head, split): the GROUP query heads that share a KV
 head (GQA) are handled together, so each K/V tile is read from memory once. Small batches split the
 context (flash-decoding): each split writes a partial result with its log-sum-exp and a second kernel
 combines them, so a few long sequences still keep every SM busy. Why not FlashAttention-4 here: its decode
-path costs a fixed ~0.3 us per sequence and layer even at context 1 and has no split-KV on SM90
-(benchmarks/NOTES.md)."""
+path costs a fixed ~0.3 us per sequence and layer even at context 1 and has no split-KV on SM90."""
 
 import torch
 import triton
 import triton.language as tl
 
-from minivllm.utils import pdl
+from minivllm.kernels.triton import pdl
 
 
 # The split count and the table stride are runtime arguments that Triton must not specialise on (by default it
 # compiles a variant per integer that is 1 or a multiple of 16): one compiled kernel for split and one for
-# unsplit launches, not one per split count (each compile costs ~1 s on a machine with no Triton cache;
-# benchmarks/NOTES.md), and the decode rows of a prefill step (block tables as wide as that step's longest)
+# unsplit launches, not one per split count (each compile costs ~1 s on a machine with no Triton cache), and
+# the decode rows of a prefill step (block tables as wide as that step's longest)
 # run the kernel the decode graphs compiled (tables as wide as max_model_len).
 @triton.jit(do_not_specialize=["num_splits", "table_stride"])
 def paged_decode_kernel(
@@ -44,7 +43,7 @@ def paged_decode_kernel(
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # utils/pdl.py
+    if PDL:  # pdl.py
         pdl.wait()
     if HEADS_FASTEST:
         kvh, b = tl.program_id(0), tl.program_id(1)
@@ -137,14 +136,14 @@ def combine_splits_kernel(
 
 MAX_SPLITS = 16
 # Programs side by side read the KV heads of the same tokens (grid (Hkv, B, splits)): 1-1.5% faster than one head
-# of many sequences at batch 96-256 on the H200 (sweep_paged_decode.py --grid, benchmarks/NOTES.md change 22)
+# of many sequences at batch 96-256 on the H200 (benchmarks/sweep_paged_decode.py --grid)
 HEADS_FASTEST = True
 
 
 def num_splits(batch: int, num_kv_heads: int, max_splits: int = MAX_SPLITS) -> int:
     """How many parts each sequence's context is cut into; a function of the batch only, so a CUDA graph captured
     for a batch size keeps it whatever the context lengths. Measured on the H200 with all 28 layers' calls in one
-    CUDA graph (sweep_paged_decode.py --grid --graph, benchmarks/NOTES.md change 26):
+    CUDA graph (benchmarks/sweep_paged_decode.py --grid --graph):
     - up to 768 (sequence, KV head) pairs (batch 96 at 8 KV heads), at least 4: even where the programs fill the
       GPU, the contexts of a batch differ by up to 4x and the longest unsplit sequences set the kernel's time
       (batch 64: 96.6 us unsplit, 88.9 in 4 parts); under 96 pairs more, for ~3 programs per SM (132 SMs);
@@ -155,7 +154,7 @@ def num_splits(batch: int, num_kv_heads: int, max_splits: int = MAX_SPLITS) -> i
 
 def tile_config(dtype: torch.dtype, head_dim: int) -> tuple[int, int]:
     """(BLOCK_N keys per tile, pipeline stages). Swept on the H200 at the benchmark's batches and context mixes
-    (benchmarks/sweep_paged_decode.py, NOTES.md change 9): 128 keys and 4 stages beat 64 and 3 by 4-6% at
+    (benchmarks/sweep_paged_decode.py): 128 keys and 4 stages beat 64 and 3 by 4-6% at
     batch 128-256 and by a third at batch 16 (bf16, head_dim 128). Wider rows (fp32) keep 64 and 3, which fit
     shared memory."""
     return (128, 4) if torch.finfo(dtype).bits * head_dim <= 16 * 128 else (64, 3)
@@ -173,12 +172,13 @@ def paged_decode(
     num_warps: int = 4,
     num_stages: int | None = None,
     heads_fastest: bool = HEADS_FASTEST,
+    use_pdl: bool = True,
 ) -> torch.Tensor:
     """q (B, H, D), caches (num_blocks, block_size, Hkv, D), context_lens (B,) int32, block_tables (B, M) int32
     with valid block ids in every entry a context reaches (padding past it is never read) -> (B, H, D).
     block_n / num_warps / num_stages: the launch configuration (default `tile_config`). heads_fastest: programs
     that run side by side read the KV heads of the same tokens (one cache row of Hkv * D values holds them all)
-    instead of one head of many sequences."""
+    instead of one head of many sequences. use_pdl: programmatic dependent launch where the GPU has it (pdl.py)."""
     B, H, D = q.shape
     default_n, default_stages = tile_config(q.dtype, D)
     block_n, num_stages = block_n or default_n, num_stages or default_stages
@@ -214,10 +214,10 @@ def paged_decode(
         SPLIT=splits > 1,
         HEADS_FASTEST=heads_fastest,
         IEEE=q.dtype == torch.float32 or not q.is_cuda,  # the interpreter's bf16 tl.dot is wrong: fp32 there
-        PDL=pdl.enabled(q),
+        PDL=pdl.enabled(q, use_pdl),
         num_warps=num_warps,
         num_stages=num_stages,
-        **pdl.launch_kwargs(q),
+        **pdl.launch_kwargs(q, use_pdl),
     )
     if splits > 1:
         combine_splits_kernel[(B * H,)](
@@ -228,7 +228,7 @@ def paged_decode(
             D=D,
             BLOCK_S=max(MAX_SPLITS, triton.next_power_of_2(splits)),  # one variant for the engine's splits
             BLOCK_D=triton.next_power_of_2(D),
-            PDL=pdl.enabled(q),
-            **pdl.launch_kwargs(q),
+            PDL=pdl.enabled(q, use_pdl),
+            **pdl.launch_kwargs(q, use_pdl),
         )
     return out

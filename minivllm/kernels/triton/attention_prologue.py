@@ -3,24 +3,17 @@ attention kernel. Per token it splits the fused qkv row into heads, applies Qwen
 and k (notebook 01), rotates both with RoPE (notebook 02) and writes k and v into their slot of the paged
 cache (notebook 06). Eagerly these are four to five kernels per layer (q-norm, k-norm, RoPE,
 store_kvcache); in a decode step each is a few microseconds of launch for a few kilobytes of work, so
-fusing them saves ~100 launches per step on a 28-layer model (benchmarks/NOTES.md).
+fusing them saves ~100 launches per step on a 28-layer model.
 
-The Attention layer calls it (`Attention.forward_fused`), so the layer owns the cache write on both paths.
-The CPU path (and notebooks 01, 02, 06) runs the same steps as separate torch ops; notebook 06 checks this
-kernel against them through the Triton interpreter."""
+The Attention layer calls it (`Attention.forward_fused`) when the engine's kernel table has it, so the layer
+owns the cache write on both paths. The CPU path (and notebooks 01, 02, 06) runs the same steps as separate
+torch ops; notebook 06 checks this kernel against them through the Triton interpreter."""
 
 import torch
 import triton
 import triton.language as tl
 
-from minivllm.utils import pdl
-from minivllm.utils.switches import SWITCHES, triton_runs_on
-
-
-def enabled(x: torch.Tensor) -> bool:
-    """The fused kernel runs on CUDA tensors unless the `fused_prologue` switch is off (utils/switches.py); on
-    CPU only when the `triton_on_cpu` switch asks for the GPU path through the Triton interpreter."""
-    return SWITCHES.fused_prologue and triton_runs_on(x)
+from minivllm.kernels.triton import pdl
 
 
 @triton.jit
@@ -85,7 +78,7 @@ def attention_prologue_kernel(
     STORE: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # utils/pdl.py
+    if PDL:  # pdl.py
         pdl.wait()
     n = tl.program_id(0).to(tl.int64)  # one program per token
     D: tl.constexpr = 2 * HALF
@@ -136,10 +129,12 @@ def attention_prologue(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor | None,
+    use_pdl: bool = True,
 ):
     """qkv (N, (H + 2 Hkv) * D) from the QKV projection, positions (N,), cos_sin_cache (max_pos, 1, D) fp32
     ([cos | sin]), q/k_weight (D,) or None (no QK-norm: Qwen2, Llama), caches (num_blocks, block_size, Hkv, D)
     or empty (nothing stored, e.g. warm-up), slot_mapping (N,) with -1 = skip.
+    use_pdl: launch with programmatic dependent launch where the GPU has it (pdl.py).
     Returns q (N, H, D) and k (N, Hkv, D), normed and rotated, and v (N, Hkv, D), a view of qkv."""
     N = qkv.shape[0]
     H, Hkv, D = num_heads, num_kv_heads, head_dim
@@ -176,7 +171,7 @@ def attention_prologue(
         BLOCK_HALF=triton.next_power_of_2(D // 2),
         HAS_NORM=has_norm,
         STORE=store,
-        PDL=pdl.enabled(qkv),
-        **pdl.launch_kwargs(qkv),
+        PDL=pdl.enabled(qkv, use_pdl),
+        **pdl.launch_kwargs(qkv, use_pdl),
     )
     return q, k, v

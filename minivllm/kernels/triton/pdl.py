@@ -9,12 +9,12 @@ launched with PDL may start while the kernel before it still runs. The protocol 
 2. `launch_dependents()` once the main loop is done: the next kernel's programs may now be placed on the
    SMs our programs leave, and get through their launch while our last programs store their results.
 Kernels that are not ours (cuBLAS, inductor's, NCCL's) launch as usual and wait for everything before them.
-Measured on the H200 (benchmarks/NOTES.md, change 8): with the attention prologue, the paged decode and its
+Measured on the H200: with the attention prologue, the paged decode and its
 combine kernel launched this way a decode step is ~10-30 us faster. Triggering at the start of each kernel
 instead let whole chains of kernels launch ahead and wait on the SMs, and made small batches slower.
 
-On CPU (the Triton interpreter) and before Hopper the PDL branches are compiled out (PDL=False); the
-`pdl` switch (`utils/switches.py`, MINIVLLM_PDL=0) turns PDL off everywhere."""
+On CPU (the Triton interpreter) and before Hopper the PDL branches are compiled out (PDL=False); the engine's
+`pdl` kernel option (minivllm/kernels) turns it off for its kernels."""
 
 from functools import lru_cache
 
@@ -22,25 +22,22 @@ import torch
 import triton
 import triton.language as tl
 
-from minivllm.utils.switches import SWITCHES
-
 
 @lru_cache(None)
 def _hopper(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def enabled(x: torch.Tensor) -> bool:
+def enabled(x: torch.Tensor, wanted: bool = True) -> bool:
+    """A kernel on `x` launches with PDL: asked for, and `x` on a Hopper or later GPU."""
     return (
-        SWITCHES.pdl
-        and x.is_cuda
-        and _hopper(x.device.index if x.device.index is not None else torch.cuda.current_device())
+        wanted and x.is_cuda and _hopper(x.device.index if x.device.index is not None else torch.cuda.current_device())
     )
 
 
-def launch_kwargs(x: torch.Tensor) -> dict:
-    """Extra launch arguments of a kernel whose PDL constexpr is `enabled(x)`."""
-    return {"launch_pdl": True} if enabled(x) else {}
+def launch_kwargs(x: torch.Tensor, wanted: bool = True) -> dict:
+    """Extra launch arguments of a kernel whose PDL constexpr is `enabled(x, wanted)`."""
+    return {"launch_pdl": True} if enabled(x, wanted) else {}
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""The engine's Triton kernels, compiled side by side at a GPU engine's start (benchmarks/NOTES.md, change 28).
+"""The engine's Triton kernels, compiled side by side at a GPU engine's start.
 
 A GPU engine runs ten compiled variants of seven Triton kernels: RMSNorm with and without the residual add,
 SiLU-mul, the attention prologue, the paged decode kernel unsplit and split and its combine, the sampler's race
@@ -15,8 +15,8 @@ one kernel share a thread (Triton makes a kernel's per-device cache on first use
 Triton cache the threads only load the kernels from disk. Measured on an H200: bare init 13.0 -> 9.4 s on one
 machine, the threads running beside the runner's import of FlashAttention-4 and its model load.
 
-What is not covered compiles where it did before (the warm-up or the capture): the kernels of the paths that
-switches turn off by default (utils/switches.py). tests/test_triton_compile.py checks on CPU that the stand-ins
+What is not covered compiles where it would otherwise (the warm-up or the capture): the kernels of the paths that
+kernel options turn off by default (minivllm/kernels). tests/test_triton_compile.py checks on CPU that the stand-ins
 launch every variant the engine launches, and on a GPU that no Triton kernel of the engine's start compiles
 outside these threads."""
 
@@ -28,14 +28,13 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
-from minivllm.engine.attention_compile import StandIn
-from minivllm.layers.activation import silu_and_mul_triton
-from minivllm.layers.attention_prologue import attention_prologue
-from minivllm.layers.layernorm import rms_norm_triton
-from minivllm.layers.paged_decode import paged_decode
-from minivllm.layers.sampler import inverse_cdf_sample
+from minivllm.engine.startup.attention_compile import StandIn
+from minivllm.kernels.triton.activation import silu_and_mul_triton
+from minivllm.kernels.triton.attention_prologue import attention_prologue
+from minivllm.kernels.triton.layernorm import rms_norm_triton
+from minivllm.kernels.triton.paged_decode import paged_decode
+from minivllm.kernels.triton.sampler import inverse_cdf_sample
 from minivllm.models.qwen3 import ARCHITECTURES, architecture_of
-from minivllm.utils.switches import SWITCHES
 
 if TYPE_CHECKING:
     from minivllm.config import Config
@@ -48,21 +47,21 @@ def stand_in_launches(
     config: "Config", dtype: torch.dtype, device: torch.device, *, sample: bool, decode_kernel: bool
 ) -> list[Callable[[], None]]:
     """One function per thread; each launches a group of the engine's kernels once on zeros with this rank's
-    sizes: those of the paths the switches leave on (utils/switches.py); the paged decode kernel when the engine
+    sizes: those of the paths the kernel options leave on (minivllm/kernels); the paged decode kernel when the engine
     decodes with it (`decode_kernel`), the sampler's when this rank samples (`sample`, rank 0)."""
-    hf, tp = config.hf_config, config.tensor_parallel_size
+    hf, tp, options = config.hf_config, config.tensor_parallel_size, config.kernels
     h = StandIn.of(config)  # this rank's query and KV heads, head_dim and block size (attention_compile.py)
     hidden, intermediate, eps = hf.hidden_size, hf.intermediate_size // tp, hf.rms_norm_eps
     qk_norm = ARCHITECTURES[architecture_of(hf)][2]  # (q/k/v bias, o bias, QK-norm)
     zeros = lambda *shape, dtype=dtype: torch.zeros(*shape, dtype=dtype, device=device)
     i32 = torch.int32
 
-    def norms() -> None:  # the layers' RMSNorm, then add + RMSNorm (layers/layernorm.py)
+    def norms() -> None:  # the layers' RMSNorm, then add + RMSNorm (kernels/triton/layernorm.py)
         x, w = zeros(ROWS, hidden), zeros(hidden)
         rms_norm_triton(x, w, eps)
         rms_norm_triton(x, w, eps, residual=x)
 
-    def silu_mul() -> None:  # the MLP's activation (layers/activation.py)
+    def silu_mul() -> None:  # the MLP's activation (kernels/triton/activation.py)
         silu_and_mul_triton(zeros(ROWS, 2 * intermediate))
 
     def prologue() -> None:  # QK-norm, RoPE and the store into a one-block cache, every slot -1 (nothing written)
@@ -81,23 +80,24 @@ def stand_in_launches(
             k_cache=cache,
             v_cache=cache,
             slot_mapping=torch.full((ROWS,), -1, dtype=i32, device=device),
+            use_pdl=options.pdl,
         )
 
-    def decode() -> None:  # the paged decode kernel, unsplit, then split with its combine (layers/paged_decode.py)
+    def decode() -> None:  # the paged decode kernel, unsplit, then split with its combine (kernels/triton/)
         q, cache = zeros(ROWS, h.heads, h.head_dim), zeros(1, h.block_size, h.kv_heads, h.head_dim)
         lens, tables = torch.ones(ROWS, dtype=i32, device=device), zeros(ROWS, 1, dtype=i32)  # one key, in block 0
         for splits in (1, 2):
-            paged_decode(q, cache, cache, lens, tables, h.head_dim**-0.5, splits=splits)
+            paged_decode(q, cache, cache, lens, tables, h.head_dim**-0.5, splits=splits, use_pdl=options.pdl)
 
-    def sampler() -> None:  # the draw over the filters' fp32 logits and over the LM head's own (layers/sampler.py)
+    def sampler() -> None:  # the draw over the filters' fp32 logits and over the LM head's own (kernels/triton/)
         temperatures, seed = torch.ones(ROWS, device=device), zeros(1, dtype=torch.int64)
         for logits_dtype in dict.fromkeys((torch.float32, dtype)):
             inverse_cdf_sample(zeros(ROWS, hf.vocab_size, dtype=logits_dtype), temperatures, seed)
 
     wanted = {
-        norms: SWITCHES.compile is None,  # else torch.compile or eager torch (utils/compile.py)
-        silu_mul: SWITCHES.compile is None,
-        prologue: SWITCHES.fused_prologue,
+        norms: options.compile is None,  # else torch.compile or eager torch
+        silu_mul: options.compile is None,
+        prologue: options.fused_prologue,
         decode: decode_kernel,
         sampler: sample,
     }
@@ -124,9 +124,9 @@ def start(config: "Config", device: torch.device, dtype: torch.dtype, rank: int)
     """Launch the stand-ins on threads, each on its own stream of `device`. Triton's driver (a C module it builds
     on first use) is made once, on the first thread, before the others start. The paged decode kernel is left
     out only where the engine cannot decode with it: the torch backend asked for, or the flash backends' own
-    decode (`decode_kernel` switch); an engine whose torch backend is chosen because nothing else imports
+    decode (the `decode_kernel` kernel option); an engine whose torch backend is chosen because nothing else imports
     compiles it for nothing, on a thread."""
-    decode_kernel = config.attention_backend != "torch" and SWITCHES.decode_kernel == "triton"
+    decode_kernel = config.attention_backend != "torch" and config.kernels.decode_kernel == "triton"
     launches = stand_in_launches(config, dtype, device, sample=rank == 0, decode_kernel=decode_kernel)
     pool = ThreadPoolExecutor(max_workers=len(launches) + 1, thread_name_prefix=THREAD_PREFIX)
 

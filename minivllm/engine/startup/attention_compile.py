@@ -6,29 +6,24 @@ counts, page size and which arguments are given, not the sizes, so a prefill ove
 blocks compiles the kernel every prefill runs (tests/test_startup.py compares the two calls). That stand-in
 prefill runs while the runner loads the model and compiles its Triton kernels:
 
-- in a helper process, when FlashAttention-4's on-disk cache holds no kernel yet (a bare machine). A helper
-  pays its own imports of torch and FlashAttention-4 (5-9 s on an H200 host), so it is started when
-  `minivllm.llm` is first imported (`start_helper`), where those imports overlap the process's own (transformers,
-  the tokenizer, the engine's set-up); it waits on its stdin until the first engine sends it the stand-in. The
-  runner waits for it before sizing the KV cache (its GPU memory must be gone by then), then loads the kernel
-  from the disk cache. A helper started only once the engine starts took longer than the compile it saved;
-- on a thread, when the disk cache holds kernels (the compile is then a load of ~0.3 s), is off, or no helper
-  waits (it serves the first engine of a process; an engine that does not use it stops it):
-  the thread shares the interpreter lock, which on a bare machine cost the runner 3.5-6 s of its load
-  (benchmarks/NOTES.md, changes 21 and 27).
+- in a helper process (attention_helper.py), when FlashAttention-4's on-disk cache holds no kernel yet (a bare
+  machine). A helper pays its own imports of torch and FlashAttention-4 (5-9 s on an H200 host), so rank 0's
+  runner starts it first thing, where those imports overlap the engine's own set-up (the GPU's context,
+  FlashAttention-4's import, the model's load). The runner waits for it before sizing the KV cache (its GPU
+  memory must be gone by then), then loads the kernel from the disk cache;
+- on a thread, when the disk cache holds kernels (the compile is then a load of ~0.3 s), is off, or on the
+  tensor-parallel workers: the thread shares the interpreter lock, which on a bare machine cost the runner
+  3.5-6 s of its load.
 
-The `attention_compile` switch (utils/switches.py, MINIVLLM_ATTENTION_COMPILE) forces either, or "off"
-(`warmup_attention` then compiles on the main thread)."""
+The `attention_compile` kernel option forces either, or "off" (`warmup_attention` then compiles on the main
+thread)."""
 
 import importlib.util
 import json
-import multiprocessing
 import os
 import select
 import subprocess
 import sys
-import tempfile
-import threading
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -37,8 +32,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minivllm.engine.startup.attention_helper import HELPER_WAIT_S, NO_REQUEST, Helper, spawn_helper
 from minivllm.layers import attention_backend
-from minivllm.utils.switches import SWITCHES
 
 if TYPE_CHECKING:
     from minivllm.config import Config
@@ -110,42 +105,8 @@ def stand_in_prefill_attention(s: StandIn, device: torch.device, dtype: torch.dt
 def disk_cache_holds_kernels(cache_dir: str) -> bool:
     """Whether FlashAttention-4's on-disk cache (`disk_cache_dir`) holds any compiled kernel. Any: which file is
     ours is a hash of its compile key, known only inside its interface. A cache of another model's (or another
-    release's) kernels only sends the compile to a thread, as before this module had a process."""
+    release's) kernels only sends the compile to a thread."""
     return any(Path(cache_dir).rglob("*.o"))
-
-
-HELPER_ENV = "MINIVLLM_ATTENTION_HELPER"  # set in a helper's environment: it must not start one of its own
-HELPER_IDLE_S = 300.0  # a helper no engine has asked for by then exits
-HELPER_WAIT_S = 600.0  # an engine waits this long for its helper's compile at most
-NO_REQUEST = 3  # a helper's exit status when no request came (idle too long, or its stdin closed)
-
-
-@dataclass
-class Helper:
-    """A helper process: it imports torch and FlashAttention-4, then waits on its stdin for one stand-in."""
-
-    process: subprocess.Popen
-    log: object  # its stdout and stderr (a temporary file)
-    cache_dir: str  # FlashAttention-4's disk cache it will export to (its environment's)
-
-    def waiting(self) -> bool:
-        return self.process.poll() is None
-
-    def close(self) -> None:
-        for f in (self.process.stdin, self.log):
-            if not f.closed:
-                f.close()
-
-    def cancel(self) -> None:
-        """Stop it (no engine wants its kernel: another backend, or a start-up that failed)."""
-        if self.waiting():
-            self.process.kill()
-        self.process.wait()
-        self.close()
-
-
-_helper: Helper | None = None  # this process's unclaimed helper: the first engine to start takes it
-_claim = threading.Lock()  # two engines started at once on two threads: one takes it
 
 
 @dataclass
@@ -214,68 +175,19 @@ def disk_cache_dir() -> str | None:
     return os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")
 
 
-def start_helper() -> None:
-    """At `minivllm.llm`'s import: start this process's helper where a first engine would compile FlashAttention-4's
-    kernel into its disk cache: CUDA and FlashAttention-4 installed, the disk cache on, the switch "process", or
-    "auto" with a disk cache without a kernel, and this a user's process (not a helper, not a spawned
-    tensor-parallel worker)."""
-    global _helper
-    mode = SWITCHES.attention_compile
-    if (
-        mode not in ("auto", "process")
-        or _helper is not None
-        or os.environ.get(HELPER_ENV)
-        or multiprocessing.parent_process() is not None
-        or not torch.cuda.is_available()
-        or not fa4_installed()
-        or (cache_dir := disk_cache_dir()) is None
-    ):
-        return
-    if mode == "auto" and disk_cache_holds_kernels(cache_dir):
-        return
-    _helper = spawn_helper()
-
-
-def spawn_helper(idle_s: float = HELPER_IDLE_S) -> Helper:
-    """A helper process: it imports, then waits on its stdin for one stand-in, `idle_s` seconds at most."""
-    cache_dir = disk_cache_dir()
-    env = dict(os.environ, **{HELPER_ENV: "1"})  # the disk cache's variables included (fa4_cache_env)
-    package_root = str(Path(__file__).resolve().parents[2])  # the directory holding minivllm/
-    env["PYTHONPATH"] = os.pathsep.join([package_root] + [p for p in [env.get("PYTHONPATH")] if p])
-    log = tempfile.TemporaryFile()  # noqa: SIM115 (the helper writes it until it exits; Helper.close closes it)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "minivllm.engine.attention_compile", str(idle_s)],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    return Helper(process, log, cache_dir)
-
-
-def claim_helper() -> Helper | None:
-    """This process's helper if it is still waiting (for the engine starting now), and no later engine's."""
-    global _helper
-    with _claim:
-        helper, _helper = _helper, None
-    if helper is not None and not helper.waiting():  # it exited: idle too long, or failed
-        helper.cancel()
-        return None
-    return helper
-
-
-def where_to_compile(config: "Config", device: torch.device, dtype: torch.dtype, mode: str) -> str | None:
-    """ "process", "thread" or None (warmup_attention compiles), from the switch's `mode`: "auto" sends the
-    compile to this process's helper when one waits and exports where this engine will look (the disk cache on,
-    the same directory, no kernel in it yet), else to a thread; nothing ahead unless FlashAttention-4 will be
-    the backend."""
+def where_to_compile(
+    config: "Config", device: torch.device, dtype: torch.dtype, mode: str, rank: int = 0
+) -> str | None:
+    """ "process", "thread" or None (warmup_attention compiles), from the option's `mode`: "auto" sends rank 0's
+    compile to a helper process when FlashAttention-4's disk cache is on and holds no kernel yet (the helper
+    exports there), else to a thread; nothing ahead unless FlashAttention-4 will be the backend."""
     if mode == "off" or not fa4_expected(device, dtype, config.attention_backend):
         return None
     if mode != "auto":
         return mode
     cache_dir = disk_cache_dir()
-    helper_fits = cache_dir is not None and _helper is not None and _helper.waiting() and _helper.cache_dir == cache_dir
-    return "process" if helper_fits and not disk_cache_holds_kernels(cache_dir) else "thread"
+    empty = cache_dir is not None and not disk_cache_holds_kernels(cache_dir)
+    return "process" if rank == 0 and empty else "thread"
 
 
 def start(
@@ -287,14 +199,14 @@ def start(
     helper: Helper | None = None,
 ) -> AttentionCompile:
     """Start compiling `backend`'s kernel on a thread (after `attention_backend.select` has imported
-    FlashAttention-4) or in `helper` (this process's, claimed; a fresh one if None)."""
+    FlashAttention-4) or in `helper` (a fresh one if None)."""
     s = StandIn.of(config)
     if where == "thread":
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="minivllm-attention-compile")
         future = pool.submit(stand_in_prefill_attention, s, device, dtype, backend)
         pool.shutdown(wait=False)  # its one thread ends with the job
         return AttentionCompile("thread", future=future)
-    helper = helper or spawn_helper()
+    helper = helper or spawn_helper(cache_dir=disk_cache_dir())
     request = dict(stand_in=asdict(s), device=str(device), dtype=str(dtype).removeprefix("torch."), backend=backend)
     try:
         helper.process.stdin.write((json.dumps(request) + "\n").encode())

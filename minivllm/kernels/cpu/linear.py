@@ -1,19 +1,16 @@
 """Linear layers on CPU through oneDNN with each weight packed once, after loading, into the blocked layout its
 matmul kernels read (what torch's inductor does for CPU inference when it freezes a model). A plain `F.linear`
 hands oneDNN the row-major weight, which it re-lays out for every call; at decode batch sizes that is most of
-the call. Measured on the 2-core development machine (benchmarks/NOTES.md, change 19): the SmolLM2 matmuls
-1.5-3x faster at 16 tokens, the LM head 3x in fp32.
+the call. Measured on a 2-core machine: the SmolLM2 matmuls 1.5-3x faster at 16 tokens, the LM head 3x in fp32.
 
 The packed weight is a copy (an opaque oneDNN tensor): the `nn.Parameter` stays what the loader wrote, for the
 embedding it may be tied to, for tests and for TP's sharding. `pack_linears(model)` fills the `packed_weight` slot
-of every layer that has one; `linear(x, weight, bias, packed)` uses the packed copy when there is one and the
-`cpu_packed_linear` switch is on (MINIVLLM_CPU_PACKED_LINEAR=0 measures without). GPUs never see any of it."""
+of every layer that has one (the runner does, unless the `cpu_packed_linear` kernel option is off);
+`linear(x, weight, bias, packed)` uses the packed copy when there is one. GPUs never see any of it."""
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from minivllm.utils.switches import SWITCHES
 
 
 def packable(weight: torch.Tensor) -> bool:
@@ -44,7 +41,7 @@ def linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed: torch.Tensor | None = None
 ) -> torch.Tensor:
     """F.linear(x, weight, bias), through the packed weight when there is one: x (..., in) -> (..., out)."""
-    if packed is None or not SWITCHES.cpu_packed_linear or x.device.type != "cpu" or x.dtype != weight.dtype:
+    if packed is None or x.dtype != weight.dtype:
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 

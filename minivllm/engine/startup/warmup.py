@@ -1,23 +1,18 @@
 """Start-up work of a GPU engine (the model runner calls it around sizing the KV cache): compile every kernel
 the first requests would otherwise compile, and learn the largest prefill's peak memory. On CPU nothing
-compiles and the KV cache has a byte budget, so none of it runs there."""
-
-from typing import TYPE_CHECKING
+compiles and the KV cache has a byte budget, so none of it runs there. `runner` is the engine's ModelRunner."""
 
 import numpy as np
 import torch
 
 from minivllm.engine import step_inputs
-from minivllm.engine.attention_compile import attention_warmup_tokens
 from minivllm.engine.kv_cache import kv_cache_shape
 from minivllm.engine.sequence import Sequence
-
-if TYPE_CHECKING:
-    from minivllm.engine.model_runner import ModelRunner
+from minivllm.engine.startup.attention_compile import attention_warmup_tokens
 
 
 @torch.inference_mode()
-def warmup_model(runner: "ModelRunner") -> None:
+def warmup_model(runner) -> None:
     """Run the largest prefill (and the sampler on the largest batch) once, so that kernels are compiled
     and the peak activation memory is known before the KV cache takes the rest (GPU only)."""
     c = runner.config
@@ -34,21 +29,15 @@ def warmup_model(runner: "ModelRunner") -> None:
     inp = step_inputs.prepare_prefill(seqs, runner.block_size)  # fresh keys: there is no cache yet
     # The layers get a one-block stand-in cache that nothing is written to (every slot -1): their kernels
     # compile the variant that stores into a cache, the one every later step runs (Triton specialises on it).
-    # A backend that reads every prefill's keys from the cache (FlashAttention-4, model_runner.py) lends
-    # the warm-up torch's attention (its memory, the output, is the same); warmup_attention compiles its
-    # kernel once the real cache exists.
+    # A backend that reads every prefill's keys from the cache (FlashAttention-4, model_runner.py) lends the
+    # step torch's attention (its memory, the output, is the same); warmup_attention compiles its kernel once
+    # the real cache exists.
     inp.slot_mapping = np.full_like(inp.slot_mapping, -1)
-    stand_in = torch.zeros(kv_cache_shape(c, 1), dtype=runner.dtype, device=runner.device)
-    saved = [(m.backend, m.k_cache, m.v_cache) for m in runner.attn_layers]
-    for i, m in enumerate(runner.attn_layers):
-        m.k_cache, m.v_cache = stand_in[0, i], stand_in[1, i]
-        m.backend = "torch" if runner.prefill_keys_from_cache else m.backend
+    runner.bind_kv_cache(torch.zeros(kv_cache_shape(c, 1), dtype=runner.dtype, device=runner.device))
     try:
-        runner.run_model(inp)
+        runner.run_model(inp, backend="torch" if runner.prefill_keys_from_cache else None)
     finally:
-        for m, (backend, k_cache, v_cache) in zip(runner.attn_layers, saved):
-            m.backend, m.k_cache, m.v_cache = backend, k_cache, v_cache
-        del stand_in
+        runner.bind_kv_cache(None)
     if runner.rank == 0:
         logits = torch.zeros(c.max_num_seqs, c.hf_config.vocab_size, device=runner.device, dtype=runner.dtype)
         t = torch.ones(c.max_num_seqs, device=runner.device)
@@ -58,14 +47,12 @@ def warmup_model(runner: "ModelRunner") -> None:
 
 
 @torch.inference_mode()
-def warmup_attention(runner: "ModelRunner") -> None:
+def warmup_attention(runner) -> None:
     """One prefill whose keys come partly from the cache (one block "cached", up to 512 new tokens), once the
     cache exists. FlashAttention-4 compiles each kernel variant on first use (~3-4 s); with it every prefill
     is this one variant (model_runner.py), compiled here, or ahead by attention_compile.py's thread or helper
-    process (waited for here), and not inside the first request. Writes a few slots of the still unused cache."""
-    if runner.attention_compile is not None:
-        compile_ahead, runner.attention_compile = runner.attention_compile, None
-        compile_ahead.wait()  # a thread's errors raise here
+    process (waited for first), and not inside the first request. Writes a few slots of the still unused cache."""
+    runner.compile_ahead.wait_attention()  # a thread's errors raise here
     c = runner.config
     cached, new, blocks = attention_warmup_tokens(c)
     seq = Sequence([0] * (cached + new))
