@@ -45,6 +45,8 @@ def fake_token(request_id: str, index: int, pos: int) -> int:
 
 
 class Handle:
+    prompt_logprobs = None  # no request here asks for prompt logprobs
+
     def __init__(self, tokens: list[int]) -> None:
         self.tokens = tokens
 
@@ -354,14 +356,14 @@ def test_an_engine_thread_that_fails_to_start_fails_the_requests(tiny_qwen3, mon
 
 
 def test_an_engine_that_fails_on_a_request_fails_its_stream(tiny_qwen3):
-    """queue_request fails with an engine error (not a bad request): that request's stream hears why, the
+    """add_request fails with an engine error (not a bad request): that request's stream hears why, the
     engine thread stops, and a later request is refused at once."""
     engine = LLM(tiny_qwen3, num_kvcache_blocks=8, kvcache_block_size=4, max_model_len=64)
 
-    def broken(request):
+    def broken(request_id, prompt, params=None):
         raise RuntimeError("the scheduler broke")
 
-    engine.queue_request = broken
+    engine.add_request = broken
     llm = AsyncLLM(engine)
     try:
         with pytest.raises(EngineDeadError, match="the scheduler broke"):
@@ -371,5 +373,5 @@ def test_an_engine_that_fails_on_a_request_fails_its_stream(tiny_qwen3):
         with pytest.raises(EngineDeadError):
             run_first_output(llm, [4, 5])
     finally:
-        del engine.queue_request
+        del engine.add_request
         llm.shutdown()

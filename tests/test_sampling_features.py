@@ -315,7 +315,7 @@ def test_engine_checks_stop_token_ids_and_resolves_max_tokens_none(llm):
 
 def test_only_rows_that_need_more_leave_the_graph_sampler(llm):
     runner = llm.model_runner
-    seqs = lambda *sps: [Sequence([1, 2, 3], sp) for sp in sps]
+    seqs = lambda *sps: [scheduled(Sequence([1, 2, 3], sp)) for sp in sps]
     prep = lambda ss, in_graph=True: prepare_sampling(
         ss, runner.buffers, device=runner.device, eos=llm.eos, vocab=llm.vocab_size, in_graph=in_graph
     )
@@ -336,7 +336,13 @@ def test_only_rows_that_need_more_leave_the_graph_sampler(llm):
         assert not prep(seqs(hot, replace(hot, **kw))).plain, kw
     done = Sequence([1, 2, 3], replace(hot, min_tokens=1))
     done.append_token(4)  # min_tokens reached: plain again
-    assert prep([done]).plain
+    assert prep([scheduled(done)]).plain
+
+
+def scheduled(seq: Sequence) -> Sequence:
+    """`seq` as a step that computes all its tokens schedules it (so the step samples its next token)."""
+    seq.num_scheduled_tokens = seq.num_tokens
+    return seq
 
 
 @pytest.mark.gpu

@@ -31,6 +31,7 @@ import torch
 from minivllm.engine.core_client import AsyncMPClient
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.messages import EngineDeadError, SchedulerStats
+from minivllm.engine.processor import Processor
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import SamplingParams
 
@@ -68,7 +69,9 @@ class AsyncLLM:
         iteration aborts the request."""
         if self.closed:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
-        return self._stream(self.engine.make_request(request_id, prompt, sampling_params, tokenizer=self.tokenizer))
+        return self._stream(
+            Processor.of(self.engine.config, self.tokenizer).process(request_id, prompt, sampling_params)
+        )
 
     async def _stream(self, request) -> AsyncIterator[RequestOutput]:
         request_id = request.request_id
@@ -156,7 +159,7 @@ class AsyncLLM:
             if command[0] == "add":
                 _, request, loop, stream = command
                 try:
-                    self.engine.queue_request(request)
+                    self.engine.add_request(request.request_id, request)
                 except (ValueError, TypeError) as e:  # e.g. a request id already in use
                     _send(loop, stream.put_nowait, e)
                 except BaseException as e:  # the engine failed: the thread stops, and this stream hears why

@@ -26,7 +26,7 @@ from dataclasses import replace
 import zmq
 from transformers import AutoConfig
 
-from minivllm.config import load_tokenizer
+from minivllm.checkpoint import load_tokenizer
 from minivllm.engine import messages as m
 from minivllm.engine.core_process import CoreProcess
 from minivllm.engine.messages import EngineDeadError

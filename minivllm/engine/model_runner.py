@@ -9,7 +9,7 @@ import torch
 
 from minivllm import kernels
 from minivllm.config import Config
-from minivllm.engine import cuda_graphs, step_inputs
+from minivllm.engine import cuda_graphs, prompt_logprobs, step_inputs
 from minivllm.engine.cuda_graphs import DecodeGraphs
 from minivllm.engine.kv_cache import GpuMemory, allocate_zeroed, kv_block_bytes, kv_cache_shape, num_kvcache_blocks
 from minivllm.engine.sampling_inputs import SamplingInputs, prepare_sampling, sample_tokens
@@ -166,8 +166,9 @@ class ModelRunner:
             seqs, self.buffers, device=self.device, eos=self.eos, vocab=self.vocab_size, in_graph=in_graph
         )
         graph_sampled = in_graph and sampling.plain  # temperatures only: the graph's draw stands
+        scoring = prompt_logprobs.plan(seqs) if is_prefill else None  # rows asking for prompt logprobs
         with engine_group(self.group):
-            logits = self.run_model(inputs, need_logits=not graph_sampled)
+            logits = self.run_model(inputs, need_logits=not graph_sampled, keep_hidden=scoring is not None)
         logprobs = None
         if graph_sampled:
             tokens = self.last_sampled[: len(seqs)]  # the graph sampled them
@@ -175,11 +176,16 @@ class ModelRunner:
             tokens, logprobs = self.sample(logits, sampling)  # (num_seqs,) int64, on the device
             self.last_sampled[: tokens.shape[0]] = tokens
         handle = StepHandle(tokens, self.buffers.host_tokens_buffer(), logprobs)
+        if scoring is not None:
+            handle.prompt_logprobs = scoring, prompt_logprobs.score(self.model.lm_head, self.hidden, scoring)
+            self.hidden = None
         self.buffers.flip()
         return handle
 
     @torch.inference_mode()
-    def run_model(self, inp: StepInput, need_logits: bool = True, backend: str | None = None) -> torch.Tensor | None:
+    def run_model(
+        self, inp: StepInput, need_logits: bool = True, backend: str | None = None, keep_hidden: bool = False
+    ) -> torch.Tensor | None:
         """Logits of the last token of each sequence (rank 0; None on the other ranks). A decode graph that
         samples (one GPU) returns None unless `need_logits`: its tokens are in `last_sampled`. `backend`: this
         step's attention backend instead of the layers' (the warm-up's)."""
@@ -201,7 +207,9 @@ class ModelRunner:
             ops=self.ops,
             attention_backend=backend,
         )
-        logits = self.model.compute_logits(self.model(t["input_ids"], t["positions"]))
+        hidden = self.model(t["input_ids"], t["positions"])
+        self.hidden = hidden if keep_hidden else None  # prompt logprobs read every position (prompt_logprobs.py)
+        logits = self.model.compute_logits(hidden)
         reset_context()
         return logits
 

@@ -14,6 +14,7 @@ class StepHandle:
         self.n = tokens.shape[0]
         self.tokens, self.host, self.event = tokens if host is not None else tokens.clone(), host, None
         self.logprobs = logprobs
+        self.prompt_logprobs = None  # (PromptScoring, LogprobsTensors) of the rows that asked (prompt_logprobs.py)
         if host is not None:  # GPU: copy back without waiting (ordered before the next step's writes)
             host[: self.n].copy_(tokens, non_blocking=True)
             self.event = torch.cuda.Event()

@@ -84,8 +84,6 @@ def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) 
             raise BadRequest(
                 f"The model `{body.model}` does not exist (this server serves `{served_model_name}`)", "model", 404
             )
-        if body.logit_bias:
-            raise BadRequest("logit_bias is not supported", "logit_bias")
 
     @app.get("/health")
     async def health() -> Response:
@@ -125,7 +123,7 @@ def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) 
         except EngineDeadError as e:
             return error_response(str(e), status=500)
         echo = [p if isinstance(p, str) else await tokens.decode(p) for p in prompts] if body.echo else None
-        run = Completions(body, rid, served_model_name, streams, echo)
+        run = Completions(body, rid, served_model_name, streams, echo, tokenizer=llm.tokenizer)
         if body.stream:
             return StreamingResponse(run.stream(), media_type="text/event-stream")
         return await until_disconnect(raw, run.full())

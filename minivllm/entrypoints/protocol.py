@@ -4,6 +4,7 @@ ignore_eos, stop_token_ids, include_stop_str_in_output, skip_special_tokens, ret
 ...), and their translation to SamplingParams. Unknown fields are accepted and ignored, as vLLM does; a
 field of the wrong type is a 400 that names it (openai_server.py)."""
 
+from dataclasses import replace
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,7 +35,7 @@ class SamplingFields(OpenAIModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = None  # refused when given (openai_server.py)
+    logit_bias: dict[str, float] | None = None  # token id (a string in JSON) -> bias in [-100, 100]
     # vLLM's extras
     top_k: int | None = None
     min_p: float | None = None
@@ -45,11 +46,18 @@ class SamplingFields(OpenAIModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     return_tokens_as_token_ids: bool = False  # logprobs' tokens as "token_id:N"
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """SamplingParams of this request (raises ValueError naming a field with a bad value). Streams get
         the new text of each step (DELTA), the others one final output."""
         return SamplingParams(
+            logit_bias=token_id_keys(self.logit_bias),
+            allowed_token_ids=self.allowed_token_ids,
+            bad_words=self.bad_words,
+            prompt_logprobs=self.prompt_logprobs,
             n=self.n,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
@@ -75,9 +83,34 @@ class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16  # OpenAI's and vLLM's default
     logprobs: int | None = None
-    echo: bool = False  # the prompt's text before the completion
+    echo: bool = False  # the prompt's text (and with logprobs, the prompt's logprobs) before the completion
     suffix: str | None = None  # refused when given
     best_of: int | None = None  # refused beyond n
+
+    @property
+    def score_only(self) -> bool:
+        """echo with max_tokens 0: the prompt scored, nothing generated (lm-evaluation-harness sends this)."""
+        return self.echo and self.max_tokens == 0
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        """As SamplingFields'; echo with logprobs asks for the prompt's logprobs too, and a score-only request
+        runs one token that the response leaves out (as vLLM)."""
+        sp = super().sampling_params(1 if self.score_only else max_tokens, logprobs)
+        echo_logprobs = self.echo and logprobs is not None and sp.prompt_logprobs is None
+        return replace(sp, prompt_logprobs=logprobs) if echo_logprobs else sp
+
+
+def token_id_keys(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """logit_bias as JSON sends it (token ids as strings) -> {token id: bias}."""
+    if bias is None:
+        return None
+    out = {}
+    for key, value in bias.items():
+        try:
+            out[int(key)] = value
+        except ValueError:
+            raise ValueError(f"logit_bias keys must be token ids (integers), got {key!r}") from None
+    return out
 
 
 class TextPart(OpenAIModel):

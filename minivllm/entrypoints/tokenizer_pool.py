@@ -20,7 +20,7 @@ def _load(model: str, parent: int) -> None:
     global _tokenizer
     from transformers import AutoConfig
 
-    from minivllm.config import load_tokenizer
+    from minivllm.checkpoint import load_tokenizer
 
     threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
     _tokenizer = load_tokenizer(model, AutoConfig.from_pretrained(model))

@@ -62,6 +62,10 @@ class ParallelLMHead(VocabParallelEmbedding):
         if context.is_prefill:
             last_indices = context.cu_seqlens_q[1:] - 1  # last token of each sequence
             x = x[last_indices].contiguous()  # (num_seqs, hidden)
+        return self.project(x)
+
+    def project(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Logits (N, vocab) of every row of x (N, hidden), on rank 0 (prompt logprobs read every position)."""
         logits = cpu_linear.linear(x, self.weight, packed=self.packed_weight)  # (num_seqs, vocab / tp)
         if self.tp_size > 1:
             all_logits = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
