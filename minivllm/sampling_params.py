@@ -6,13 +6,15 @@ of the raw logits (`logprobs`), `min_tokens` (EOS and `stop_token_ids` masked un
 (`repetition_penalty` over prompt + output tokens, `frequency_penalty` / `presence_penalty` over output
 tokens), then temperature, `min_p`, `top_k`, `top_p`, and the draw (`seed`: the request's own random stream).
 On the host: `stop` strings on the detokenised text, `max_tokens`, `ignore_eos`. Before the penalties,
-`allowed_token_ids`, `bad_words` and `logit_bias` (layers/logits_processors.py)."""
+`allowed_token_ids`, `bad_words` and `logit_bias` (layers/logits_processors.py). `structured_outputs` masks the
+logits before all of these, logprobs included as in vLLM (minivllm/structured_outputs)."""
 
 import copy
 from dataclasses import dataclass, field
 from enum import IntEnum
 
 from minivllm.sampling_checks import GREEDY_EPS, MAX_LOGPROBS, check_sampling_params  # noqa: F401 (re-exported)
+from minivllm.structured_outputs.params import StructuredOutputsParams
 
 
 class RequestOutputKind(IntEnum):
@@ -45,6 +47,7 @@ class SamplingParams:
     bad_words: list[str] | None = None  # words never generated (a word's last token banned after the others)
     skip_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    structured_outputs: StructuredOutputsParams | None = None  # the output's grammar (minivllm/structured_outputs)
     # derived (the engine reads them at every step): penalties and bad words read every previous token; anything
     # beyond temperature needs the sampling outside the decode graph
     needs_history: bool = field(default=False, init=False, repr=False, compare=False)
@@ -54,6 +57,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         check_sampling_params(self)  # raises naming the field; normalises stop, stop_token_ids, top_k, greedy
         self.output_kind = RequestOutputKind(self.output_kind)
+        so = self.structured_outputs
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams or None, got {type(so).__name__}")
         self.needs_history = self.has_penalties or bool(self.bad_words)
         self.needs_processing = (
             self.top_k > 0
@@ -63,6 +69,7 @@ class SamplingParams:
             or (self.seed is not None and self.temperature > 0)
             or self.logprobs is not None
             or bool(self.logit_bias or self.allowed_token_ids)
+            or self.structured_outputs is not None  # the grammar's mask, on the eager path
         )
 
     @property

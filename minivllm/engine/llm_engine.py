@@ -10,8 +10,9 @@ feeds in from step N's output (step_inputs.py); only then does it read step N's 
 into outputs. The host work of a step hides behind the GPU work of the previous one. The launch waits for
 the step in flight instead when the next step needs its tokens on the host:
 - with tensor parallelism: the workers receive each step's token ids from rank 0;
-- when a request in flight has penalties or bad words: they read every previous token of the request, so
-  its newest one must be known (sampling_inputs.py). Only batches holding such a request lose the overlap.
+- when a request in flight has penalties, bad words or a grammar: they read every previous token of the
+  request, so its newest one must be known (sampling_inputs.py, structured_outputs/). Only such batches lose
+  the overlap.
 
 Aborting frees a request's blocks at once (scheduler.py: `finish`), also while a step that computes it is
 in flight: that step's token for it is discarded when it arrives."""
@@ -32,6 +33,7 @@ from minivllm.engine.sequence import Sequence
 from minivllm.engine.tp_workers import Workers
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
+from minivllm.structured_outputs.manager import StructuredOutputs
 from minivllm.utils.dist import free_port
 
 
@@ -55,7 +57,7 @@ class Launched:
     sampled: list[tuple[Sequence, int]]  # (sequence, position of its PENDING token)
     handle: StepHandle
     record: StepRecord
-    needs_history: bool  # a request in it has penalties or bad words: finish it before the next launch
+    needs_history: bool  # a request in it has penalties, bad words or a grammar: finish it before the next launch
 
 
 class LLMEngine:
@@ -74,6 +76,7 @@ class LLMEngine:
         self.eos = eos_token_ids(model, self.tokenizer)
         self.model_runner.eos = self.eos
         self.scheduler = Scheduler(config, self.eos)
+        self.structured_outputs = StructuredOutputs(self.tokenizer, config.hf_config.vocab_size, self.eos)
         self.vocab_size = config.hf_config.vocab_size
         self.requests: dict[str, Request] = {}  # unfinished, by id
         self.in_flight: Launched | None = None
@@ -107,6 +110,7 @@ class LLMEngine:
         request = prompt if isinstance(prompt, Request) else self.processor.process(request_id, prompt, params)
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
+        self.structured_outputs.attach(request.seqs)  # a matcher per sequence (ValueError: an invalid grammar)
         self.requests[request.request_id] = request
         share = self.config.enable_prefix_caching and len(request.prompt_token_ids) > self.config.kvcache_block_size
         for seq in request.start(self.tokenizer, share_prompt=share and request.params.prompt_logprobs is None):
@@ -165,7 +169,7 @@ class LLMEngine:
         handle = self.model_runner.launch(seqs, is_prefill)
         sampled = self.scheduler.on_launch(seqs)
         record.schedule, record.run = t1 - t0, time.perf_counter() - t1
-        needs_history = any(s.sampling_params.needs_history for s in seqs)
+        needs_history = any(s.sampling_params.needs_history or s.sampling_params.structured_outputs for s in seqs)
         return Launched(seqs, sampled, handle, record, needs_history)
 
     def _finish(self, launched: Launched) -> list[RequestOutput]:
@@ -181,6 +185,7 @@ class LLMEngine:
         # sequences with per-token work (an aborted one's token is dropped); the others need nothing until done
         work = [(seq, pos) for seq, pos in launched.sampled if seq.output_work and not seq.is_finished]
         finished = self.scheduler.on_result(launched.seqs, launched.sampled, tokens)
+        finished += self.structured_outputs.advance(launched.sampled, self.scheduler)  # grammars take the tokens
         changed: dict[str, list[Sequence]] = {}
         for seq, pos in work:
             request = self.requests[seq.request_id]

@@ -14,6 +14,7 @@ from minivllm.layers.logits_processors import LogitsEdits, apply_logits_edits, b
 from minivllm.layers.logprobs import LogprobsTensors, add_sampled, raw_logprobs
 from minivllm.layers.penalties import apply_penalties, ban_tokens, token_counts
 from minivllm.layers.sampler import Sampler
+from minivllm.structured_outputs.bitmask import GrammarMask, apply_grammar_mask, grammar_mask
 
 
 @dataclass(slots=True)
@@ -38,6 +39,7 @@ class SamplingInputs:
     generators: dict[int, torch.Generator] = field(default_factory=dict)  # row -> its request's own generator
     logprob_rows: list[int] = field(default_factory=list)  # rows that asked for logprobs
     num_logprobs: int = 0  # top-k of those rows (the largest asked; each row keeps its own k on the host)
+    grammar: GrammarMask | None = None  # the token bitmask of the rows with structured outputs
 
     @property
     def plain(self) -> bool:
@@ -50,6 +52,7 @@ class SamplingInputs:
             and self.edits is None
             and not self.generators
             and not self.logprob_rows
+            and self.grammar is None
         )
 
 
@@ -113,6 +116,7 @@ def prepare_sampling(
     }
     out.logprob_rows = [i for i in extra if sps[i].logprobs is not None]
     out.num_logprobs = max((sps[i].logprobs for i in out.logprob_rows), default=0)
+    out.grammar = grammar_mask(seqs, vocab, device)  # structured outputs (minivllm/structured_outputs)
     return out
 
 
@@ -179,9 +183,11 @@ def penalties(seqs: list[Sequence], rows: list[int], vocab: int, device: torch.d
 def sample_tokens(
     sampler: Sampler, logits: torch.Tensor, s: SamplingInputs
 ) -> tuple[torch.Tensor, LogprobsTensors | None]:
-    """Tokens (B,) int64 from the step's logits (B, V), in vLLM's order: raw logprobs, allowed tokens, bad
-    words and logit bias, min_tokens, penalties, then the sampler (temperature, filters, the race; seeded rows
-    from their own streams)."""
+    """Tokens (B,) int64 from the step's logits (B, V), in vLLM's order: the grammars' mask, raw logprobs,
+    allowed tokens, bad words and logit bias, min_tokens, penalties, then the sampler (temperature, filters, the
+    draw; seeded rows from their own streams)."""
+    if s.grammar is not None:
+        apply_grammar_mask(logits, s.grammar)  # in place: disallowed tokens -inf
     logprobs = None
     if s.logprob_rows:
         raw, logprobs = raw_logprobs(logits, s.logprob_rows, s.num_logprobs)

@@ -1,7 +1,8 @@
 """The OpenAI API's request bodies as pydantic models (what /v1/completions and /v1/chat/completions accept),
 with the sampling fields vLLM accepts beyond OpenAI's (top_k, min_p, repetition_penalty, min_tokens,
 ignore_eos, stop_token_ids, include_stop_str_in_output, skip_special_tokens, return_tokens_as_token_ids,
-...), and their translation to SamplingParams. Unknown fields are accepted and ignored, as vLLM does; a
+...), and their translation to SamplingParams; structured outputs from OpenAI's `response_format` or vLLM's
+`structured_outputs` body field. Unknown fields are accepted and ignored, as vLLM does; a
 field of the wrong type is a 400 that names it (openai_server.py)."""
 
 from dataclasses import replace
@@ -10,6 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
+from minivllm.structured_outputs import StructuredOutputsParams
 
 
 class OpenAIModel(BaseModel):
@@ -21,7 +23,57 @@ class StreamOptions(OpenAIModel):
     continuous_usage_stats: bool | None = False  # vLLM: usage in every chunk
 
 
-class SamplingFields(OpenAIModel):
+# --- structured outputs: response_format and vLLM's structured_outputs (minivllm/structured_outputs) -------------
+
+
+class JsonSchemaFormat(OpenAIModel):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")  # the JSON schema
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsBody(OpenAIModel):
+    """vLLM's `structured_outputs` field, its StructuredOutputsParams as JSON."""
+
+    json_: dict | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+
+class StructuredOutputsFields(OpenAIModel):
+    response_format: ResponseFormat | None = None  # OpenAI's: {"type": "json_object"} or {"type": "json_schema", ...}
+    structured_outputs: StructuredOutputsBody | None = None  # vLLM's: {"choice": [...]}, {"regex": ...}, ...
+
+    def structured_outputs_params(self) -> StructuredOutputsParams | None:
+        """The request's grammar (None: free text); ValueError naming the field when it is not one."""
+        rf, so = self.response_format, self.structured_outputs
+        if rf is not None and rf.type != "text":
+            if so is not None:
+                raise ValueError("response_format and structured_outputs both constrain the output: send one")
+            if rf.type == "json_object":
+                return StructuredOutputsParams(json_object=True)
+            if rf.json_schema is None or rf.json_schema.schema_ is None:
+                raise ValueError('response_format of type "json_schema" needs json_schema.schema, the JSON schema')
+            return StructuredOutputsParams(json=rf.json_schema.schema_)
+        if so is None:
+            return None
+        fields = so.model_dump(by_alias=True, include={"json_", "regex", "choice", "grammar", "json_object"})
+        return StructuredOutputsParams(**fields, disable_any_whitespace=so.disable_any_whitespace)
+
+
+# --- sampling fields ------------------------------------------------------------------------------------
+
+
+class SamplingFields(StructuredOutputsFields):
     """Fields both endpoints share (OpenAI's, then vLLM's extras)."""
 
     model: str | None = None
@@ -76,6 +128,7 @@ class SamplingFields(OpenAIModel):
             logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
+            structured_outputs=self.structured_outputs_params(),
         )
 
 

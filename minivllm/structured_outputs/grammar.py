@@ -1,0 +1,59 @@
+"""The engine's grammar compiler: a request's StructuredOutputsParams compiled by xgrammar against this engine's
+vocabulary, into a grammar whose matchers say which token ids may come next (vLLM's xgrammar backend).
+
+The vocabulary is the model's (its logits' width), which may be wider than the tokenizer's: the ids beyond the
+tokenizer are never allowed. The end-of-sequence ids are the engine's, so that the grammar allows them exactly
+where it may end. Compiled grammars are cached by the compiler (a schema sent again compiles once), per engine:
+two engines in one process have two caches. An invalid schema, regex or grammar is a ValueError naming it."""
+
+import json
+import re
+
+import xgrammar as xgr
+
+from minivllm.structured_outputs.params import StructuredOutputsParams
+
+JSON_OBJECT_SCHEMA = '{"type": "object"}'  # vLLM's json_object: any JSON object (not any JSON value)
+WHAT = dict(json="JSON schema", json_object="JSON schema", regex="regex", choice="choice", grammar="EBNF grammar")
+
+
+def choice_grammar(choice: list[str]) -> str:
+    """An EBNF grammar whose language is exactly `choice`: `root ::= "a" | "b"` (JSON string escapes)."""
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choice)
+
+
+def reason(e: Exception) -> str:
+    """xgrammar's message without its C++ prefix ("[12:00:00] /project/cpp/x.cc:12: Check failed: ... is false: ")."""
+    text = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(e).strip())
+    text = re.sub(r"^Check failed: .*? is false: ", "", text)
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+class GrammarCompiler:
+    def __init__(self, info: xgr.TokenizerInfo) -> None:
+        self.vocab_size = info.vocab_size
+        self.compiler = xgr.GrammarCompiler(info, cache_enabled=True)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, vocab_size: int, stop_token_ids: list[int]) -> "GrammarCompiler":
+        """The compiler of a Hugging Face tokenizer's vocabulary, padded to the model's `vocab_size`."""
+        return cls(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids))
+
+    def compile(self, params: StructuredOutputsParams) -> xgr.CompiledGrammar:
+        """The compiled grammar of `params` (ValueError when its schema, regex or grammar is invalid)."""
+        kind, c = params.kind, self.compiler
+        try:
+            if kind in ("json", "json_object"):
+                schema = params.json if kind == "json" else JSON_OBJECT_SCHEMA
+                schema = schema if isinstance(schema, str) else json.dumps(schema)
+                return c.compile_json_schema(schema, any_whitespace=not params.disable_any_whitespace)
+            if kind == "regex":
+                return c.compile_regex(params.regex)
+            return c.compile_grammar(choice_grammar(params.choice) if kind == "choice" else params.grammar)
+        except (RuntimeError, ValueError, TypeError) as e:
+            raise ValueError(f"structured_outputs {kind} is not a valid {WHAT[kind]}: {reason(e)}") from None
+
+    @staticmethod
+    def matcher(grammar: xgr.CompiledGrammar) -> xgr.GrammarMatcher:
+        """A matcher at the start of `grammar`: one per sequence, advanced by each of its tokens."""
+        return xgr.GrammarMatcher(grammar)
