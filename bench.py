@@ -127,7 +127,9 @@ def one_process(args) -> dict:
     structured = structured_run(llm, prompts, params) if args.structured else None
     floor = bm.roofline(llm.config.hf_config, [len(p) for p in prompts], [p.max_tokens for p in params])
     llm.exit()
-    return dict(import_s=import_s, init_s=init_s, short_prompt_s=short_s, **facts, runs=runs, structured=structured, floor=floor)
+    return dict(
+        import_s=import_s, init_s=init_s, short_prompt_s=short_s, **facts, runs=runs, structured=structured, floor=floor
+    )
 
 
 def child_command(model: str) -> list[str]:

@@ -1,6 +1,6 @@
 """Kernel micro-benchmarks (llm.c's habit: check each kernel against a reference, then time it):
 
-- store_kvcache (minivllm/layers/store_kvcache.py): Qwen3-0.6B's per-layer K/V (8 KV heads x 128, bf16) for
+- store_kvcache (minivllm/kernels/triton/store_kvcache.py): Qwen3-0.6B's per-layer K/V (8 KV heads x 128, bf16) for
   N new tokens scattered to random slots; bytes = K and V read + written (+ the slot mapping);
 - paged decode attention (attention_backend.decode) per available backend: 256 sequences x ~1k context,
   block size 256, 16 q heads / 8 KV heads, head_dim 128, bf16; bytes = each sequence's K/V context read

@@ -1,4 +1,4 @@
-"""Linear layers on CPU through oneDNN with packed weights (minivllm/layers/cpu_linear.py): the same numbers as
+"""Linear layers on CPU through oneDNN with packed weights (minivllm/kernels/cpu/linear.py): the same numbers as
 F.linear (up to the order of fp32 sums), for every layer of the Linear family and the LM head, with and without
 bias, any number of rows; an engine on CPU packs its layers, and the switch turns it off."""
 

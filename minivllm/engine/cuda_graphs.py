@@ -69,7 +69,7 @@ def capture(runner) -> DecodeGraphs:
     runner.buffers.clear_decode()
     # only the first size of each kernel variant runs an eager warm-up before its capture
     kv_heads = runner.attn_layers[0].num_kv_heads  # this rank's, as the decode kernel sees them
-    graphs.capture(runner.decode_step, variant=lambda bs: decode_graph_variant(bs, kv_heads))
+    graphs.capture(lambda bs: decode_step(runner, bs), variant=lambda bs: decode_graph_variant(bs, kv_heads))
     return graphs
 
 

@@ -12,7 +12,7 @@ from minivllm.config import Config
 from minivllm.engine import cuda_graphs, prompt_logprobs, step_inputs
 from minivllm.engine.cuda_graphs import DecodeGraphs
 from minivllm.engine.kv_cache import GpuMemory, allocate_zeroed, kv_block_bytes, kv_cache_shape, num_kvcache_blocks
-from minivllm.engine.sampling_inputs import SamplingInputs, prepare_sampling, sample_tokens
+from minivllm.engine.sampling_inputs import prepare_sampling, sample_tokens
 from minivllm.engine.sequence import Sequence
 from minivllm.engine.startup import CompileAhead, timed, warmup
 from minivllm.engine.step_handle import StepHandle
@@ -21,7 +21,6 @@ from minivllm.kernels.cpu import linear as cpu_linear
 from minivllm.kernels.cpu import ops as cpu_ops
 from minivllm.layers import attention_backend
 from minivllm.layers.attention import Attention
-from minivllm.layers.logprobs import LogprobsTensors
 from minivllm.layers.sampler import Sampler
 from minivllm.models.qwen3 import Qwen3ForCausalLM
 from minivllm.utils.context import reset_context, set_context
@@ -144,10 +143,6 @@ class ModelRunner:
             always_feed=self.sample_in_graph,
         )
 
-    def sample(self, logits: torch.Tensor, s: SamplingInputs) -> tuple[torch.Tensor, LogprobsTensors | None]:
-        """The eager sampling path (sampling_inputs.sample_tokens): rows that need more than the graph's draw."""
-        return sample_tokens(self.sampler, logits, s)
-
     def step(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
         """Rank 0: run one step on every rank and wait for one sampled token per sequence."""
         return self.launch(seqs, is_prefill).result()[0]
@@ -173,7 +168,7 @@ class ModelRunner:
         if graph_sampled:
             tokens = self.last_sampled[: len(seqs)]  # the graph sampled them
         else:  # prefill, eager, TP, or rows that need more than temperature (outside the graph)
-            tokens, logprobs = self.sample(logits, sampling)  # (num_seqs,) int64, on the device
+            tokens, logprobs = sample_tokens(self.sampler, logits, sampling)  # (num_seqs,) int64, on the device
             self.last_sampled[: tokens.shape[0]] = tokens
         handle = StepHandle(tokens, self.buffers.host_tokens_buffer(), logprobs)
         if scoring is not None:
@@ -239,9 +234,6 @@ class ModelRunner:
 
     def capture_cudagraph(self) -> None:
         self.graphs = cuda_graphs.capture(self)  # one graph per batch size (cuda_graphs.py)
-
-    def decode_step(self, bs: int) -> None:
-        cuda_graphs.decode_step(self, bs)  # what the decode graph of batch `bs` runs
 
     def exit(self) -> None:
         if hasattr(self, "attn_layers"):  # give the memory back (KV cache, graphs)
