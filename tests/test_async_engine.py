@@ -375,3 +375,37 @@ def test_an_engine_that_fails_on_a_request_fails_its_stream(tiny_qwen3):
     finally:
         del engine.add_request
         llm.shutdown()
+
+
+# --- the output collector: a slow consumer gets merged DELTA outputs ---------------------------------------------
+
+
+def test_output_collector_merges_deltas_a_slow_consumer_has_not_taken():
+    from minivllm.engine.output_processor import RequestOutputCollector
+    from minivllm.outputs import CompletionOutput, RequestOutput
+    from minivllm.sampling_params import RequestOutputKind
+
+    def out(i: int, finish: str | None = None) -> RequestOutput:
+        completions = [CompletionOutput(c, f"{c}:{i} ", [10 * c + i], None, None, finish) for c in (0, 1)]
+        return RequestOutput("r", None, [1, 2], completions, finish is not None)
+
+    async def main():
+        delta = RequestOutputCollector(RequestOutputKind.DELTA)
+        for i in range(3):
+            delta.put_nowait(out(i, "length" if i == 2 else None))
+        merged = await delta.get()
+        assert [c.text for c in merged.outputs] == ["0:0 0:1 0:2 ", "1:0 1:1 1:2 "]
+        assert [c.token_ids for c in merged.outputs] == [[0, 1, 2], [10, 11, 12]]
+        assert merged.finished and [c.finish_reason for c in merged.outputs] == ["length", "length"]
+        delta.put_nowait(out(3))
+        assert (await delta.get()).outputs[0].token_ids == [3]  # taken in time: one step's output alone
+        cumulative = RequestOutputCollector(RequestOutputKind.CUMULATIVE)
+        cumulative.put_nowait(out(0))
+        cumulative.put_nowait(out(1))
+        assert (await cumulative.get()).outputs[0].token_ids == [1]  # the latest holds everything
+        delta.put_nowait(out(4))
+        delta.put_nowait(RuntimeError("dead"))
+        delta.put_nowait(out(5))  # nothing after an error
+        assert isinstance(await delta.get(), RuntimeError)
+
+    asyncio.run(main())

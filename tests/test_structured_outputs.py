@@ -288,9 +288,11 @@ def test_logprobs_of_the_masked_logits(llm):
 # --- over HTTP ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def client(model):
-    engine = AsyncLLM(model, **ARGS)
+@pytest.fixture(scope="module", params=[False, True], ids=["in-process", "core-process"])
+def client(model, request):
+    """The server over an in-process engine, and over the engine core in its own process (`minivllm serve`:
+    the API server checks the grammar, the core compiles it)."""
+    engine = AsyncLLM(model, multiprocess=request.param, **ARGS)
     with ServerThread(engine, "tiny") as server:
         yield openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
     engine.shutdown()

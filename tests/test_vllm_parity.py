@@ -3,6 +3,8 @@ request's tokens whatever else is batched, the stop token's text kept out of `te
 transformers' log-softmax in fp32), `echo` scoring over HTTP, logit_bias / allowed_token_ids / bad_words,
 `clone()`, `continue_final_message`, the `LLM(...)` arguments vLLM users pass, and vLLM's overflow wording."""
 
+import time
+
 import pytest
 import torch
 
@@ -233,12 +235,13 @@ def chat_model(tmp_path_factory) -> str:
     return make_tiny_checkpoint(str(tmp_path_factory.mktemp("chat")), "qwen3", chat_template=CHAT_TEMPLATE)
 
 
-@pytest.fixture(scope="module")
-def server(chat_model):
+@pytest.fixture(scope="module", params=[False, True], ids=["in-process", "core-process"])
+def server(chat_model, request):
+    """The server over an in-process engine, and over the engine core in its own process (`minivllm serve`)."""
     from minivllm.engine.async_llm import AsyncLLM
     from minivllm.entrypoints.openai_server import ServerThread
 
-    llm = AsyncLLM(chat_model, **ARGS, max_num_batched_tokens=64)
+    llm = AsyncLLM(chat_model, **ARGS, max_num_batched_tokens=64, multiprocess=request.param)
     with ServerThread(llm, NAME) as srv:
         srv.llm = llm
         yield srv
@@ -277,6 +280,22 @@ def test_echo_with_logprobs_returns_the_prompt_logprobs_first(server, client, ch
     assert c.logprobs.token_logprobs == pytest.approx(lp.token_logprobs[: len(ids)], abs=1e-5)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_http_eos_text_is_not_in_the_output(server, client, stream):
+    """The API server's own detokeniser (core-process) follows the engine's rule: the EOS that ended a choice
+    leaves no text, also with skip_special_tokens false."""
+    tok = server.llm.tokenizer
+    eos = tok.eos_token_id
+    r = client.completions.create(
+        model=NAME, prompt=TEXT, max_tokens=6, temperature=0, stream=stream,
+        extra_body=dict(min_tokens=2, logit_bias={str(eos): 100}, skip_special_tokens=False),
+    )  # fmt: skip
+    chunks = list(r) if stream else [r]
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert text and tok.eos_token not in text
+
+
 def test_http_logit_bias_allowed_token_ids_and_bad_values(server, client):
     import openai
 
@@ -304,7 +323,21 @@ def test_http_logit_bias_allowed_token_ids_and_bad_values(server, client):
         client.chat.completions.create(
             model=NAME, messages=[{"role": "user", "content": "hi"}], extra_body=dict(continue_final_message=True)
         )
-    assert not server.llm.engine.requests
+    assert_idle(server.llm)
+
+
+def assert_idle(llm, timeout: float = 10) -> None:
+    """Nothing of the refused requests is left: no request in the engine (or in the core and its client)."""
+    deadline = time.time() + timeout
+    while True:
+        if hasattr(llm, "engine"):  # in-process
+            idle = not llm.engine.requests
+        else:  # the core's gauges after its last step, and the client's table
+            idle = not llm.requests and llm.stats.num_running == llm.stats.num_waiting == 0
+        if idle or time.time() > deadline:
+            break
+        time.sleep(0.05)
+    assert idle
 
 
 # --- LLM(...) as vLLM users call it; chat continuing the last message; the overflow wording ---------------------

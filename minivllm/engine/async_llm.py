@@ -7,7 +7,7 @@ clients), and each request's tokens stream out as they are sampled.
     ------------------------------                --------------------------------
     generate(): tokenize + validate (its own      while running:
       tokenizer), commands.put(add) --------->      apply commands: add / abort     (between steps only)
-      await its asyncio.Queue                        outputs = engine.step()          (the GPU works here)
+      await its output collector                    outputs = engine.step()          (the GPU works here)
       yield each output  <-- call_soon_threadsafe -- deliver the outputs, one call per step
     abort() / closing the generator: put(abort)    no request: block on the command queue
 
@@ -31,6 +31,7 @@ import torch
 from minivllm.engine.core_client import AsyncMPClient
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.messages import EngineDeadError, SchedulerStats
+from minivllm.engine.output_processor import RequestOutputCollector
 from minivllm.engine.processor import Processor
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import SamplingParams
@@ -52,9 +53,10 @@ class AsyncLLM:
         already; either way the AsyncLLM owns it from now on (shutdown() stops it)."""
         self.engine = model if isinstance(model, LLMEngine) else LLMEngine(model, **engine_args)
         self.model, self.max_model_len = self.engine.config.model, self.engine.config.max_model_len
+        self.tokenizer_dir = self.engine.config.tokenizer or self.model
         self.tokenizer = copy.deepcopy(self.engine.tokenizer)  # the event loop's own: never shared across threads
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
-        self.streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # engine thread only
+        self.streams: dict[str, tuple[asyncio.AbstractEventLoop, RequestOutputCollector]] = {}  # engine thread only
         self.error: BaseException | None = None  # what stopped the engine thread, if it failed
         self.closed = False  # the engine thread has stopped (failed or shut down)
         self.thread = threading.Thread(target=self._run, name="minivllm-engine", daemon=True)
@@ -75,7 +77,7 @@ class AsyncLLM:
 
     async def _stream(self, request) -> AsyncIterator[RequestOutput]:
         request_id = request.request_id
-        stream: asyncio.Queue = asyncio.Queue()
+        stream = RequestOutputCollector(request.params.output_kind)  # merges DELTA outputs not yet taken
         self.commands.put(("add", request, asyncio.get_running_loop(), stream))
         if self.closed:  # it stopped meanwhile: nobody will read the command
             self._drain(EngineDeadError(f"the engine is not running: {self.error!r}"))
@@ -228,6 +230,6 @@ def _send(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
         pass
 
 
-def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+def _put_all(items: list[tuple[RequestOutputCollector, RequestOutput]]) -> None:
     for stream, output in items:
         stream.put_nowait(output)

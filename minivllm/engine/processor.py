@@ -85,12 +85,16 @@ class Processor:
             bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < self.vocab_size)]
             if bad:
                 raise ValueError(f"{name} {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        if sp.structured_outputs is not None:  # its grammar parses (compiled against the vocabulary in the engine)
+            from minivllm.structured_outputs.grammar import grammar_of  # loads xgrammar
+
+            grammar_of(sp.structured_outputs)
         if sp.prompt_logprobs is not None and self.tensor_parallel_size > 1:
             raise ValueError("prompt_logprobs is not supported with tensor_parallel_size > 1")
         n, limit = len(token_ids), self.max_model_len
         context = f"this model's maximum context length is {limit} tokens"
         if sp.max_tokens is None and n >= limit:
-            raise ValueError(f"prompt of {n} tokens leaves no room for output within max_model_len {limit} ({context})")
+            raise ValueError(no_room(n, limit))
         max_tokens = sp.max_tokens if sp.max_tokens is not None else limit - n
         total = n + max_tokens
         if total > limit:
@@ -103,6 +107,15 @@ class Processor:
                 f"prompt of {n} tokens + max_tokens {max_tokens} needs {blocks} KV blocks; "
                 f"the cache has only {self.num_blocks}"
             )
+
+
+def no_room(num_prompt_tokens: int, max_model_len: int) -> str:
+    """The error of a prompt that leaves no room for output, in vLLM's words ("maximum context length", which
+    clients such as LiteLLM match on)."""
+    return (
+        f"prompt of {num_prompt_tokens} tokens leaves no room for output within max_model_len {max_model_len} "
+        f"(this model's maximum context length is {max_model_len} tokens)"
+    )
 
 
 def eos_token_ids(model: str, tokenizer) -> list[int]:

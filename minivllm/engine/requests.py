@@ -85,17 +85,7 @@ class Request:
         kind, finished = self.params.output_kind, self.finished
         if kind == FINAL_ONLY and not finished:
             return None
-        if kind != DELTA:
-            completions = [completion(s, tokenizer) for s in self.seqs]
-        else:
-            completions = []
-            for seq in sorted(changed, key=lambda s: s.index):
-                c = completion(seq, tokenizer)
-                tokens, chars = seq.num_sent_tokens, seq.num_sent_chars
-                seq.num_sent_tokens, seq.num_sent_chars = len(c.token_ids), len(c.text)
-                c.token_ids, c.text = c.token_ids[tokens:], c.text[chars:]
-                c.logprobs = c.logprobs[tokens:] if c.logprobs is not None else None
-                completions.append(c)
+        completions = completions_of(self.seqs, changed, kind, tokenizer)
         prompt_logprobs = None if kind == DELTA and self.prompt_logprobs_sent else self.prompt_logprobs
         self.prompt_logprobs_sent = True
         return RequestOutput(
@@ -104,13 +94,34 @@ class Request:
 
 
 # --- one sequence's outputs ------------------------------------------------------------------------------
+# `seq` below is an engine Sequence, or the API server's view of one (output_processor.Child): both have
+# output_token_ids, is_finished, finish_reason, stop_reason, sampling_params, detokenizer, logprobs,
+# cumulative_logprob and the DELTA counters num_sent_tokens / num_sent_chars.
 
 
-def text_token_ids(seq: Sequence) -> list[int]:
+def completions_of(seqs: list, changed: list, kind: RequestOutputKind, tokenizer) -> list[CompletionOutput]:
+    """A request's completions in its output kind: every sequence's output so far, or for DELTA what is new in
+    the sequences that got tokens (`changed`)."""
+    if kind != DELTA:
+        return [completion(s, tokenizer) for s in sorted(seqs, key=lambda s: s.index)]
+    completions = []
+    for seq in sorted(changed, key=lambda s: s.index):
+        c = completion(seq, tokenizer)
+        tokens, chars = seq.num_sent_tokens, seq.num_sent_chars
+        seq.num_sent_tokens, seq.num_sent_chars = len(c.token_ids), len(c.text)
+        c.token_ids, c.text = c.token_ids[tokens:], c.text[chars:]
+        c.logprobs = c.logprobs[tokens:] if c.logprobs is not None else None
+        completions.append(c)
+    return completions
+
+
+def text_token_ids(seq, finish_reason: str | None = None, stop_reason: int | str | None = None) -> list[int]:
     """The output tokens whose text the output holds: not the EOS or stop token that ended it (vLLM's rule,
-    whatever skip_special_tokens), unless include_stop_str_in_output."""
+    whatever skip_special_tokens), unless include_stop_str_in_output. The finish reason is the sequence's, or
+    the one given (the step that is finishing it)."""
     ids = seq.output_token_ids
-    ended_on_token = seq.finish_reason == "stop" and not isinstance(seq.stop_reason, str)
+    finish_reason, stop_reason = (finish_reason, stop_reason) if finish_reason else (seq.finish_reason, seq.stop_reason)
+    ended_on_token = finish_reason == "stop" and not isinstance(stop_reason, str)
     return ids[:-1] if ended_on_token and not seq.sampling_params.include_stop_str_in_output else ids
 
 

@@ -29,6 +29,26 @@ def reason(e: Exception) -> str:
     return text if len(text) <= 300 else text[:300] + "..."
 
 
+def grammar_of(params: StructuredOutputsParams) -> xgr.Grammar:
+    """The request's grammar over characters, without a vocabulary: what the API server checks before it
+    sends a request to the engine core (ValueError naming an invalid schema, regex or grammar)."""
+    kind = params.kind
+    try:
+        if kind in ("json", "json_object"):
+            return xgr.Grammar.from_json_schema(schema_of(params), any_whitespace=not params.disable_any_whitespace)
+        if kind == "regex":
+            return xgr.Grammar.from_regex(params.regex)
+        return xgr.Grammar.from_ebnf(choice_grammar(params.choice) if kind == "choice" else params.grammar)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise ValueError(f"structured_outputs {kind} is not a valid {WHAT[kind]}: {reason(e)}") from None
+
+
+def schema_of(params: StructuredOutputsParams) -> str:
+    """The JSON schema's text of a json or json_object constraint."""
+    schema = params.json if params.kind == "json" else JSON_OBJECT_SCHEMA
+    return schema if isinstance(schema, str) else json.dumps(schema)
+
+
 class GrammarCompiler:
     def __init__(self, info: xgr.TokenizerInfo) -> None:
         self.vocab_size = info.vocab_size
@@ -44,9 +64,7 @@ class GrammarCompiler:
         kind, c = params.kind, self.compiler
         try:
             if kind in ("json", "json_object"):
-                schema = params.json if kind == "json" else JSON_OBJECT_SCHEMA
-                schema = schema if isinstance(schema, str) else json.dumps(schema)
-                return c.compile_json_schema(schema, any_whitespace=not params.disable_any_whitespace)
+                return c.compile_json_schema(schema_of(params), any_whitespace=not params.disable_any_whitespace)
             if kind == "regex":
                 return c.compile_regex(params.regex)
             return c.compile_grammar(choice_grammar(params.choice) if kind == "choice" else params.grammar)
