@@ -53,7 +53,7 @@ class RequestState:
 
     @property
     def finished(self) -> bool:
-        return all(c.is_finished for c in self.children.values())
+        return all(c.finish_reason is not None for c in self.children.values())
 
 
 def make_state(request_id, prompt, prompt_token_ids, params, tokenizer, loop, queue) -> RequestState:

@@ -4,11 +4,11 @@ every response, `stop_reason`, logprobs as OpenAI lays them out for completions 
 logprobs first with `echo`, and `echo` with max_tokens 0 answering the prompt scored)."""
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+import msgspec
 from fastapi.responses import JSONResponse
 
 from minivllm.engine.messages import EngineDeadError
@@ -22,12 +22,22 @@ def error_response(message: str, param: str | None = None, status: int = 400) ->
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
 
 
-def sse(data) -> str:
-    return f"data: {json.dumps(data) if not isinstance(data, str) else data}\n\n"
+_json = msgspec.json.Encoder()  # a chunk's JSON several times faster than json.dumps (one chunk per token)
+
+
+def sse(data) -> bytes:
+    return b"data: " + (_json.encode(data) if not isinstance(data, str) else data.encode()) + b"\n\n"
 
 
 async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """(i, output) from several streams as they come. Leaving early closes every stream (aborting its request)."""
+    if len(streams) == 1:  # the common case: no task and queue between the stream and its reader
+        try:
+            async for output in streams[0]:
+                yield 0, output
+        finally:
+            await streams[0].aclose()
+        return
     queue: asyncio.Queue = asyncio.Queue()
     end = object()
 
