@@ -11,7 +11,7 @@ writes JSON (and, with --figure, TTFT and TPOT against concurrency).
   python3 benchmarks/bench_serve.py                                  # CPU: the embedded SmolLM2-135M-Instruct
   python3 benchmarks/bench_serve.py --preset cpu                     # CPU: a tiny Qwen3, up to 128 streams
   python3 benchmarks/bench_serve.py --model random-qwen3-0.6b        # GPU: bench.py's random Qwen3-0.6B (bf16)
-  python3 benchmarks/bench_serve.py --model random-qwen3-0.6b --concurrency 256 --request-rate 50 100 200 inf
+  python3 benchmarks/bench_serve.py --model random-qwen3-0.6b --request-rate 50 100 200   # + Poisson at 256
 
 Targets: on the CPU preset served >= 0.7x offline at 128 streams; on an H200 (random Qwen3-0.6B, 512 in / 128
 out) >= 0.8x at 256 streams, and no concurrency level below the one before it up to 256.
@@ -304,7 +304,11 @@ def main() -> None:
     ap.add_argument("--preset", choices=sorted(PRESETS), help="cpu: a tiny Qwen3 at 1-128 streams, 64 in / 64 out")
     ap.add_argument("--concurrency", type=int, nargs="+", default=None, help="levels of the sweep")
     ap.add_argument(
-        "--request-rate", type=float, nargs="+", default=[float("inf")], help="Poisson arrivals per second (a sweep)"
+        "--request-rate",
+        type=float,
+        nargs="+",
+        default=[],
+        help="a sweep of Poisson arrival rates (requests/s) at the highest concurrency, after the concurrency sweep",
     )
     ap.add_argument("--num-prompts", type=int, default=None, help="requests per level (default: 4 x concurrency)")
     ap.add_argument("--input-len", type=int, default=None)
@@ -340,16 +344,17 @@ def main() -> None:
         warmup = asyncio.run(run_level(url + "/v1/completions", served["id"], warm, 8, 4, float("inf")))  # JIT
         check_level(warmup, server, args.server_log, "warm-up at concurrency")
         levels, prompts_of = [], []
-        for c in args.concurrency:
-            for rate in args.request_rate:
-                n = args.num_prompts or max(per * c, 8)
-                prompts = [[rng.randint(1, vocab_top) for _ in range(args.input_len)] for _ in range(n)]
-                httpx.post(url + "/reset_prefix_cache")
-                levels.append(
-                    asyncio.run(run_level(url + "/v1/completions", served["id"], prompts, args.output_len, c, rate))
-                )
-                prompts_of.append(prompts)
-                check_level(levels[-1], server, args.server_log)
+        sweep = [(c, float("inf")) for c in args.concurrency]
+        sweep += [(max(args.concurrency), rate) for rate in args.request_rate if rate != float("inf")]
+        for c, rate in sweep:
+            n = args.num_prompts or max(per * c, 8)
+            prompts = [[rng.randint(1, vocab_top) for _ in range(args.input_len)] for _ in range(n)]
+            httpx.post(url + "/reset_prefix_cache")
+            levels.append(
+                asyncio.run(run_level(url + "/v1/completions", served["id"], prompts, args.output_len, c, rate))
+            )
+            prompts_of.append(prompts)
+            check_level(levels[-1], server, args.server_log)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=120)
@@ -368,7 +373,7 @@ def main() -> None:
         model=served["id"],
         input_len=args.input_len,
         output_len=args.output_len,
-        request_rates=[r if r != float("inf") else "inf" for r in args.request_rate],
+        request_rates=[r for r in args.request_rate if r != float("inf")],
         server_args=args.server_args,
         levels=levels,
     )
