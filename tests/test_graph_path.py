@@ -8,7 +8,7 @@ including the sampler's race inside the "graph". Tokens must equal the plain eag
 import pytest
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.cuda_graphs import DecodeGraphs
+from minivllm.engine.cuda_graphs import DecodeGraphs, decode_step
 
 
 class EagerGraphs(DecodeGraphs):
@@ -32,7 +32,7 @@ def graph_engine(path: str, **kwargs) -> LLM:
     hidden = llm.config.hf_config.hidden_size
     r.graphs = EagerGraphs(max_num_seqs=8, hidden_size=hidden, dtype=r.dtype, device=r.device)
     r.buffers.clear_decode()
-    r.graphs.capture(r.decode_step)
+    r.graphs.capture(lambda bs: decode_step(r, bs))
     return llm
 
 

@@ -7,6 +7,7 @@ chi-square machinery is minivllm/testing/stats.py (the engine-level tests use it
 import pytest
 import torch
 
+from minivllm.kernels import pick
 from minivllm.layers.sampler import Sampler, filter_top_k_top_p
 from minivllm.sampling_params import SamplingParams
 from minivllm.testing.stats import CHI2_999, chi2_gof, chi2_two_sample, fits, reference_probs
@@ -261,7 +262,7 @@ def test_cdf_samples_softmax_of_logits_over_t_across_tiles():
 @pytest.mark.gpu
 def test_gpu_sampler_kernel_samples_p_and_greedy_rows():
     """On CUDA the Sampler takes the Triton race: the full chi-square tests, bf16 logits, mixed greedy rows."""
-    sampler = Sampler(seed=3).cuda()
+    sampler = Sampler(seed=3, device="cuda", ops=pick("cuda"))  # a GPU engine's: the kernels' draw
     logits = PROBS.log().float().repeat(N, 1).cuda()  # (N, V)
     ids = sampler(logits, torch.ones(N, device="cuda")).cpu()
     assert fits(chi2_gof(ids, PROBS))

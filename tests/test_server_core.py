@@ -261,11 +261,12 @@ def test_a_killed_core_ends_every_stream_and_health_turns_503(chat_model):
             return events, time.monotonic()
 
         async def main():
-            started = asyncio.Event()
+            # the core dies as soon as every stream has its first chunk: 400 tokens later (under a second for
+            # this model on a GPU) none of them has finished
+            started = [asyncio.Event() for _ in range(8)]
             async with httpx.AsyncClient(timeout=60) as http:
-                tasks = [asyncio.create_task(one(http, i, started)) for i in range(8)]
-                await asyncio.wait_for(started.wait(), 60)
-                await asyncio.sleep(0.3)
+                tasks = [asyncio.create_task(one(http, i, started[i])) for i in range(8)]
+                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
                 killed = time.monotonic()
                 os.kill(core.pid, signal.SIGKILL)
                 return killed, await asyncio.gather(*tasks)

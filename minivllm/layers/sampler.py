@@ -74,7 +74,7 @@ class Sampler(nn.Module):
         self.ops = ops
         seed_tensor = torch.tensor([seed], dtype=torch.int64, device=device)
         self.register_buffer("seed", seed_tensor, persistent=False)  # the kernels'
-        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def reset(self, seed: int) -> None:
         """Start the random streams again from `seed` (after warm-up and capture drew noise)."""
