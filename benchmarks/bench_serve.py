@@ -377,7 +377,7 @@ def main() -> None:
         server_args=args.server_args,
         levels=levels,
     )
-    name = f"serve_{'gpu' if gpu else 'cpu'}{'_' + args.preset if args.preset else ''}.json"
+    name = f"serve_{'gpu' if gpu else 'cpu'}{'_preset' if args.preset else ''}.json"
     save_json(result, args.out or os.path.join("benchmarks", "results", name))
     if args.figure:
         plot(
