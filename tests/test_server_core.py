@@ -21,7 +21,6 @@ from minivllm import LLM, SamplingParams
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.core_client import AsyncMPClient
 from minivllm.entrypoints.openai_server import ServerThread
-from minivllm.testing.tiny_model import CHAT_TEMPLATE, make_tiny_checkpoint
 from minivllm.utils.dist import free_port
 
 BLOCK, BLOCKS = 16, 32
@@ -30,11 +29,6 @@ NAME = "tiny"
 _gen = torch.Generator().manual_seed(5)
 IDS = [torch.randint(1, 512, (int(n),), generator=_gen).tolist() for n in torch.randint(3, 40, (256,), generator=_gen)]
 CONVERSATION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def chat_model(tmp_path_factory) -> str:
-    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("chat")), "qwen3", chat_template=CHAT_TEMPLATE)
 
 
 @pytest.fixture(scope="module")

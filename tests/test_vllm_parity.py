@@ -228,13 +228,6 @@ def test_clone_is_deep():
 NAME = "tiny"
 
 
-@pytest.fixture(scope="module")
-def chat_model(tmp_path_factory) -> str:
-    from minivllm.testing.tiny_model import CHAT_TEMPLATE, make_tiny_checkpoint
-
-    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("chat")), "qwen3", chat_template=CHAT_TEMPLATE)
-
-
 @pytest.fixture(scope="module", params=[False, True], ids=["in-process", "core-process"])
 def server(chat_model, request):
     """The server over an in-process engine, and over the engine core in its own process (`minivllm serve`)."""

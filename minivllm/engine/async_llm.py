@@ -25,6 +25,7 @@ import copy
 import queue
 import threading
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import torch
 
@@ -81,17 +82,9 @@ class AsyncLLM:
         self.commands.put(("add", request, asyncio.get_running_loop(), stream))
         if self.closed:  # it stopped meanwhile: nobody will read the command
             self._drain(EngineDeadError(f"the engine is not running: {self.error!r}"))
-        finished = False
-        try:
-            while not finished:
-                item = await stream.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
-        finally:
-            if not finished:  # the consumer went away (closed, cancelled, or an error): free its blocks
-                self.abort(request_id)
+        async with aclosing(stream.outputs(abort=lambda: self.abort(request_id))) as outputs:  # aborts at once
+            async for output in outputs:
+                yield output
 
     def abort(self, request_id: str | list[str]) -> None:
         """Abort requests (thread-safe; unknown ids are ignored): each open stream ends with a final output

@@ -21,6 +21,7 @@ import itertools
 import threading
 import weakref
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import zmq
 from transformers import AutoConfig
@@ -101,17 +102,9 @@ class AsyncMPClient:
             for cid, child in state.children.items():
                 self.children[cid] = state
                 self.core.send(m.AddRequest.make(cid, ids, child.sampling_params))
-        finished = False
-        try:
-            while not finished:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
-        finally:
-            if not finished:  # the consumer went away (closed, cancelled, or an error): free its blocks
-                self.abort(request_id)
+        async with aclosing(queue.outputs(abort=lambda: self.abort(request_id))) as outputs:  # aborts at once
+            async for output in outputs:
+                yield output
 
     def abort(self, request_id: str | list[str]) -> None:
         """Abort requests (thread-safe; unknown ids are ignored); the core frees their blocks."""

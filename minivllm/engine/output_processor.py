@@ -7,6 +7,7 @@ holds follows the offline engine's rules (requests.py: `completions_of`, `text_t
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
 from minivllm.engine.detokenizer import Detokenizer
@@ -141,6 +142,21 @@ class RequestOutputCollector:
         output, self.output = self.output, None
         self.ready.clear()
         return output
+
+    async def outputs(self, abort) -> AsyncIterator[RequestOutput]:
+        """The request's outputs up to its final one (an exception put here is raised). A consumer that leaves
+        before the end (closed, cancelled, or an error) calls `abort()`, which frees the request's blocks."""
+        finished = False
+        try:
+            while not finished:
+                item = await self.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                abort()
 
 
 def merge_deltas(old: RequestOutput, new: RequestOutput) -> RequestOutput:

@@ -34,6 +34,11 @@ def _sdpa(
     return o.transpose(1, 2).to(dtype)
 
 
+def capturing() -> bool:
+    """A CUDA graph is being captured on this stream: no host sync (no value read back, no data-dependent shape)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def causal_mask(q_len: int, k_len: int, device=None) -> torch.Tensor:
     """(q_len, k_len) bool, True = may attend: query i sits at absolute position k_len - q_len + i."""
     i = torch.arange(q_len, device=device)[:, None]
@@ -63,7 +68,7 @@ def check_paged(
     context_lens: torch.Tensor,
     block_tables: torch.Tensor,
 ) -> None:
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+    if capturing():
         return  # no host syncs inside a CUDA graph
     check_paged_shapes(q, k_cache, v_cache, context_lens, block_tables)
     check_tables(context_lens, block_tables, *k_cache.shape[:2])
@@ -210,7 +215,7 @@ def decode_gather(
     if last is not None and last.fits(context_lens, block_tables, cache_blocks):
         return last
     width = block_tables.shape[1] * block_size  # keys the tables can reach: no host sync (a CUDA graph may hold this)
-    if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+    if not capturing():
         check_tables(context_lens, block_tables, num_blocks, block_size)
         width = min(width, max(1, int(context_lens.max())))  # only the keys some sequence has (CPU: 5-10x less copying)
     pos = torch.arange(width, device=q.device)  # (L,)
