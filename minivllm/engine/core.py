@@ -72,6 +72,7 @@ class EngineCore:
             lps = c.logprobs[sent:] if c.logprobs is not None else None
             step = m.RequestStep(rid, c.token_ids[sent:], _logprobs(lps), c.finish_reason, c.stop_reason)
             step.prompt_logprobs = self._prompt_logprobs(rid, output)
+            self.scoring.discard(rid)
             steps.append(step)
         return steps
 

@@ -185,9 +185,11 @@ class AsyncMPClient:
                 state = self.children.get(step.request_id)
                 if state is None:  # aborted meanwhile
                     continue
-                if step.finish_reason == "error":
+                if step.finish_reason == "error":  # the core refused it: the request fails, its other children stop
                     self.requests.pop(state.request_id, None)
-                    [self.children.pop(cid, None) for cid in state.children]
+                    for cid in state.children:
+                        if self.children.pop(cid, None) is not None and cid != step.request_id:
+                            stopped.append(cid)
                     by_loop.setdefault(state.loop, []).append((state.queue, ValueError(step.stop_reason)))
                     continue
                 child = state.children[step.request_id]
