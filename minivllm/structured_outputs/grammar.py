@@ -60,16 +60,9 @@ class GrammarCompiler:
         return cls(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids))
 
     def compile(self, params: StructuredOutputsParams) -> xgr.CompiledGrammar:
-        """The compiled grammar of `params` (ValueError when its schema, regex or grammar is invalid)."""
-        kind, c = params.kind, self.compiler
-        try:
-            if kind in ("json", "json_object"):
-                return c.compile_json_schema(schema_of(params), any_whitespace=not params.disable_any_whitespace)
-            if kind == "regex":
-                return c.compile_regex(params.regex)
-            return c.compile_grammar(choice_grammar(params.choice) if kind == "choice" else params.grammar)
-        except (RuntimeError, ValueError, TypeError) as e:
-            raise ValueError(f"structured_outputs {kind} is not a valid {WHAT[kind]}: {reason(e)}") from None
+        """The compiled grammar of `params` (ValueError when its schema, regex or grammar is invalid): its grammar
+        over characters (`grammar_of`), compiled against this engine's vocabulary."""
+        return self.compiler.compile_grammar(grammar_of(params))
 
     @staticmethod
     def matcher(grammar: xgr.CompiledGrammar) -> xgr.GrammarMatcher:
