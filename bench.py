@@ -15,6 +15,9 @@ transformers' generate on the same prompts, in float32 and bfloat16.
   python3 bench.py                  # GPU: bare and cached processes, first run vs warm
   python3 bench.py --tp 2           # the same on two GPUs
   python3 bench.py --cpu            # CPU: the engine vs transformers on SmolLM2
+
+--structured json adds, in each process (GPU) or dtype (CPU), one more timed run of the same prompts with a JSON
+schema on every request (minivllm/structured_outputs), reported beside the unconstrained throughput.
 """
 
 import argparse
@@ -39,6 +42,39 @@ CACHE_ENV = {  # where each compiler keeps its on-disk cache
     "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": "flash_attention_cute",
     "CUDA_CACHE_PATH": "cuda_driver",  # the driver's cache of PTX it compiled for this GPU, whoever loaded the PTX
 }
+
+
+# --- structured outputs: the same prompts with a JSON schema on every request ---------------------------------
+
+STRUCTURED_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+
+
+def structured_run(llm, prompts, params) -> dict:
+    """One timed run of `prompts` with `params`, each constrained to STRUCTURED_SCHEMA. A request ends when its
+    grammar does (then its output parses) or at max_tokens (cut inside the object)."""
+    from dataclasses import replace
+
+    from minivllm.sampling_params import StructuredOutputsParams
+
+    so = StructuredOutputsParams(json=STRUCTURED_SCHEMA)
+    params = [
+        replace(p, structured_outputs=so) for p in (params if isinstance(params, list) else [params] * len(prompts))
+    ]
+    llm.reset_prefix_cache()
+    t = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - t
+    done = [o.outputs[0] for o in outputs if o.outputs[0].finish_reason == "stop"]
+    valid = sum(isinstance(json.loads(c.text).get("answer"), str) for c in done)
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return dict(kind="json", seconds=seconds, tokens=tokens, tok_per_s=tokens / seconds, stopped=len(done), valid=valid)
+
+
+def structured_rows(name: str, s: dict | None, free_tok_per_s: float) -> list[tuple[str, str]]:
+    if s is None:
+        return []
+    value = f"{s['tok_per_s']:.0f} ({s['tok_per_s'] / free_tok_per_s:.2f}x unconstrained; "
+    return [(f"{name}: JSON schema tok/s", value + f"{s['stopped']} ended, {s['valid']} valid, {s['tokens']} tokens)")]
 
 
 # --- GPU: one process of nano-vllm's procedure --------------------------------------------------------------
@@ -88,9 +124,12 @@ def one_process(args) -> dict:
         if r:
             assert llm.reset_prefix_cache()  # the same prompts again, none of them cached
         runs.append(timed_run(llm, counter, prompts, params))
+    structured = structured_run(llm, prompts, params) if args.structured else None
     floor = bm.roofline(llm.config.hf_config, [len(p) for p in prompts], [p.max_tokens for p in params])
     llm.exit()
-    return dict(import_s=import_s, init_s=init_s, short_prompt_s=short_s, **facts, runs=runs, floor=floor)
+    return dict(
+        import_s=import_s, init_s=init_s, short_prompt_s=short_s, **facts, runs=runs, structured=structured, floor=floor
+    )
 
 
 def child_command(model: str) -> list[str]:
@@ -137,6 +176,7 @@ def summarize_gpu(result: dict) -> tuple[str, list[tuple[str, str]]]:
                 f"{warm_tps:.0f}  (runs: " + ", ".join(f"{r['tok_per_s']:.0f}" for r in warm) + ")",
             ),
             (f"{name}: first / warm", f"{p['first_over_warm']:.2f}"),
+            *structured_rows(name, p.get("structured"), warm_tps),
             (
                 f"{name}: Triton kernels in init",
                 f"{len(compiles)}, {sum(c[1] for c in compiles):.1f} s ({p['init_main_thread_compiles']} on the "
@@ -179,6 +219,8 @@ def run_cpu(args) -> dict:
         t = time.perf_counter()
         outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
         engine_s = time.perf_counter() - t
+        greedy = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        structured = structured_run(llm, prompts, greedy) if args.structured else None
         llm.exit()
         hf_s, reference = bm.transformers_greedy(model, prompts, n, dtype, pad)
         same = bm.greedy_agreement([o.token_ids for o in outputs], reference, set(llm.eos))
@@ -190,6 +232,7 @@ def run_cpu(args) -> dict:
             hf_tok_per_s=tokens / hf_s,
             speedup=hf_s / engine_s,
             greedy_identical=f"{same}/{len(prompts)}",
+            structured=structured,
         )
     return dict(
         model=os.path.basename(model),
@@ -209,6 +252,7 @@ def summarize_cpu(result: dict) -> tuple[str, list[tuple[str, str]]]:
             (f"{dtype}: transformers s, tok/s", f"{r['hf_seconds']:.2f}, {r['hf_tok_per_s']:.1f}"),
             (f"{dtype}: speed-up", f"{r['speedup']:.2f}x"),
             (f"{dtype}: greedy tokens identical", r["greedy_identical"]),
+            *structured_rows(dtype, r["structured"], r["tok_per_s"]),
         ]
     return f"{result['num_seqs']} chat prompts x {result['max_tokens']} tokens, {result['model']}, CPU", rows
 
@@ -230,6 +274,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--max-output-len", type=int, default=None)
     ap.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     ap.add_argument("--tp", type=int, default=1, help="tensor parallel size")
+    ap.add_argument("--structured", choices=["json"], help="also a run with a JSON schema on every request")
     ap.add_argument("--compile-cache", default=None, help="GPU: directory for the compile caches (must be empty)")
     ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "minivllm"))
     ap.add_argument(

@@ -1,6 +1,6 @@
 """Kernel micro-benchmarks (llm.c's habit: check each kernel against a reference, then time it):
 
-- store_kvcache (minivllm/layers/store_kvcache.py): Qwen3-0.6B's per-layer K/V (8 KV heads x 128, bf16) for
+- store_kvcache (minivllm/kernels/triton/store_kvcache.py): Qwen3-0.6B's per-layer K/V (8 KV heads x 128, bf16) for
   N new tokens scattered to random slots; bytes = K and V read + written (+ the slot mapping);
 - paged decode attention (attention_backend.decode) per available backend: 256 sequences x ~1k context,
   block size 256, 16 q heads / 8 KV heads, head_dim 128, bf16; bytes = each sequence's K/V context read
@@ -26,13 +26,12 @@ from dataclasses import asdict, dataclass
 import torch
 
 import minivllm  # noqa: F401  (TRITON_INTERPRET=1 without CUDA)
+from minivllm.kernels.triton.paged_decode import paged_decode
+from minivllm.kernels.triton.store_kvcache import store_kvcache
 from minivllm.layers import attention_backend
-from minivllm.layers.paged_decode import paged_decode
-from minivllm.layers.store_kvcache import store_kvcache
-from minivllm.layers.torch_attention import store_kvcache_torch
+from minivllm.layers.attention import store_kvcache_torch
 from minivllm.testing.benchmark import COPY_BW as CEILING
 from minivllm.testing.benchmark import save_json
-from minivllm.utils import switches
 
 
 @dataclass
@@ -126,22 +125,22 @@ def bench_decode(backends, num_seqs, mean_ctx, block_size, heads, kv_heads, head
     shape = f"B={num_seqs} ctx~{mean_ctx} bs={block_size} h={heads}/{kv_heads}x{head_dim} bf16"
 
     def decode_fn(backend: str):
-        if backend == "triton":  # minivllm/layers/paged_decode.py (the flash backends' decode)
+        if backend == "triton":  # minivllm/kernels/triton/paged_decode.py (the flash backends' decode)
             return lambda: paged_decode(q, k_cache, v_cache, lens, tables.clamp(min=0), scale)
         table = tables if backend == "torch" else tables.clamp(min=0)  # as the layer passes them
         return lambda: attention_backend.decode(backend, q, k_cache, v_cache, lens, table, scale)
 
     out = []
-    with switches.override(decode_kernel="flash"):  # a flash backend's row times its own decode kernel
-        for backend in backends + (["triton"] if "fa4" in backends or "flash_attn" in backends else []):
-            if backend == "flash_attn" and block_size % 256:
-                print(f"skip decode/{backend}: paged KV needs block_size % 256 == 0", file=sys.stderr)
-                continue
-            fn = decode_fn(backend)
-            diff = (fn().float() - expected).abs().max().item()
-            assert diff < 2e-2, f"decode/{backend}: max abs diff {diff:.3e} vs the fp32 torch backend"
-            us = time_us(fn, device == "cuda", reps)
-            out.append(result("paged_decode", backend, shape, us, nbytes, f"fp32 torch, max diff {diff:.1e}"))
+    # a flash backend's row times its own decode kernel (attention_backend.decode is the backend's)
+    for backend in backends + (["triton"] if "fa4" in backends or "flash_attn" in backends else []):
+        if backend == "flash_attn" and block_size % 256:
+            print(f"skip decode/{backend}: paged KV needs block_size % 256 == 0", file=sys.stderr)
+            continue
+        fn = decode_fn(backend)
+        diff = (fn().float() - expected).abs().max().item()
+        assert diff < 2e-2, f"decode/{backend}: max abs diff {diff:.3e} vs the fp32 torch backend"
+        us = time_us(fn, device == "cuda", reps)
+        out.append(result("paged_decode", backend, shape, us, nbytes, f"fp32 torch, max diff {diff:.1e}"))
     return out
 
 

@@ -2,16 +2,16 @@
 first token (TTFT), time per output token after the first (TPOT) and inter-token latency (ITL), mean / p50 /
 p99, over a sweep of fixed concurrencies and of request rates (Poisson arrivals). It starts `python3 -m
 minivllm serve` in a subprocess, sends streaming /v1/completions requests of random token ids (vLLM's
-"random" dataset: fixed input and output lengths, ignore_eos) with httpx, resets the prefix cache before each
-level, then stops the server and runs the same requests of every level through the offline `LLM.generate`
-(the engine alone, same engine arguments): each level reports served output tok/s, offline tok/s and their
-ratio (what the serving layer keeps of the engine's speed). Prints a table, writes JSON (and, with --figure,
-TTFT and TPOT against concurrency).
+"random" dataset: fixed input and output lengths, ignore_eos) with aiohttp, as `vllm bench serve` does,
+resets the prefix cache before each level, then stops the server and runs the same requests of every level
+through the offline `LLM.generate` (the engine alone, same engine arguments): each level reports served output
+tok/s, offline tok/s and their ratio (what the serving layer keeps of the engine's speed). Prints a table,
+writes JSON (and, with --figure, TTFT and TPOT against concurrency).
 
   python3 benchmarks/bench_serve.py                                  # CPU: the embedded SmolLM2-135M-Instruct
   python3 benchmarks/bench_serve.py --preset cpu                     # CPU: a tiny Qwen3, up to 128 streams
   python3 benchmarks/bench_serve.py --model random-qwen3-0.6b        # GPU: bench.py's random Qwen3-0.6B (bf16)
-  python3 benchmarks/bench_serve.py --model random-qwen3-0.6b --concurrency 256 --request-rate 50 100 200 inf
+  python3 benchmarks/bench_serve.py --model random-qwen3-0.6b --request-rate 50 100 200   # + Poisson at 256
 
 Targets: on the CPU preset served >= 0.7x offline at 128 streams; on an H200 (random Qwen3-0.6B, 512 in / 128
 out) >= 0.8x at 256 streams, and no concurrency level below the one before it up to 256.
@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 
+import aiohttp
 import httpx
 import numpy as np
 
@@ -94,16 +95,18 @@ def server_log_tail(log: str | None, lines: int = 30) -> str:
         return "; the end of its log:\n" + "".join(f.readlines()[-lines:])
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], output_len: int) -> dict:
+async def one_request(client: aiohttp.ClientSession, url: str, model: str, prompt: list[int], output_len: int) -> dict:
     """One streaming completion; a failed one (an HTTP error, a connection the server closed) is returned with
     its error, and counted apart, as vLLM's benchmark counts failed requests."""
     try:
         return await timed_request(client, url, model, prompt, output_len)
-    except (httpx.HTTPError, json.JSONDecodeError, KeyError) as e:
+    except (aiohttp.ClientError, RuntimeError, json.JSONDecodeError, KeyError) as e:
         return dict(error=f"{type(e).__name__}: {e}", input_tokens=len(prompt))
 
 
-async def timed_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], output_len: int) -> dict:
+async def timed_request(
+    client: aiohttp.ClientSession, url: str, model: str, prompt: list[int], output_len: int
+) -> dict:
     body = dict(
         model=model,
         prompt=prompt,
@@ -115,12 +118,12 @@ async def timed_request(client: httpx.AsyncClient, url: str, model: str, prompt:
     )
     start = time.perf_counter()
     times, tokens = [], 0
-    async with client.stream("POST", url, json=body) as r:
-        if r.status_code != 200:  # the server's error body names the problem: keep it
-            await r.aread()
-            raise httpx.HTTPStatusError(f"{r.status_code}: {r.text[:300]}", request=r.request, response=r)
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
+    async with client.post(url, json=body) as r:
+        if r.status != 200:  # the server's error body names the problem: keep it
+            raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:300]}")
+        async for raw in r.content:  # one line at a time
+            line = raw.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
             if chunk.get("usage"):
@@ -143,8 +146,8 @@ async def run_level(url: str, model: str, prompts: list[list[int]], output_len: 
     """Send every prompt, at most `concurrency` in flight, arrivals Poisson at `rate` per second (inf: at once)."""
     gate = asyncio.Semaphore(concurrency)
     rng = random.Random(0)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+    connector = aiohttp.TCPConnector(limit=0)  # no limit on connections: `concurrency` is the gate
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as client:
 
         async def limited(prompt):
             async with gate:
@@ -301,7 +304,11 @@ def main() -> None:
     ap.add_argument("--preset", choices=sorted(PRESETS), help="cpu: a tiny Qwen3 at 1-128 streams, 64 in / 64 out")
     ap.add_argument("--concurrency", type=int, nargs="+", default=None, help="levels of the sweep")
     ap.add_argument(
-        "--request-rate", type=float, nargs="+", default=[float("inf")], help="Poisson arrivals per second (a sweep)"
+        "--request-rate",
+        type=float,
+        nargs="+",
+        default=[],
+        help="a sweep of Poisson arrival rates (requests/s) at the highest concurrency, after the concurrency sweep",
     )
     ap.add_argument("--num-prompts", type=int, default=None, help="requests per level (default: 4 x concurrency)")
     ap.add_argument("--input-len", type=int, default=None)
@@ -337,16 +344,17 @@ def main() -> None:
         warmup = asyncio.run(run_level(url + "/v1/completions", served["id"], warm, 8, 4, float("inf")))  # JIT
         check_level(warmup, server, args.server_log, "warm-up at concurrency")
         levels, prompts_of = [], []
-        for c in args.concurrency:
-            for rate in args.request_rate:
-                n = args.num_prompts or max(per * c, 8)
-                prompts = [[rng.randint(1, vocab_top) for _ in range(args.input_len)] for _ in range(n)]
-                httpx.post(url + "/reset_prefix_cache")
-                levels.append(
-                    asyncio.run(run_level(url + "/v1/completions", served["id"], prompts, args.output_len, c, rate))
-                )
-                prompts_of.append(prompts)
-                check_level(levels[-1], server, args.server_log)
+        sweep = [(c, float("inf")) for c in args.concurrency]
+        sweep += [(max(args.concurrency), rate) for rate in args.request_rate if rate != float("inf")]
+        for c, rate in sweep:
+            n = args.num_prompts or max(per * c, 8)
+            prompts = [[rng.randint(1, vocab_top) for _ in range(args.input_len)] for _ in range(n)]
+            httpx.post(url + "/reset_prefix_cache")
+            levels.append(
+                asyncio.run(run_level(url + "/v1/completions", served["id"], prompts, args.output_len, c, rate))
+            )
+            prompts_of.append(prompts)
+            check_level(levels[-1], server, args.server_log)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=120)
@@ -365,11 +373,11 @@ def main() -> None:
         model=served["id"],
         input_len=args.input_len,
         output_len=args.output_len,
-        request_rates=[r if r != float("inf") else "inf" for r in args.request_rate],
+        request_rates=[r for r in args.request_rate if r != float("inf")],
         server_args=args.server_args,
         levels=levels,
     )
-    name = f"serve_{'gpu' if gpu else 'cpu'}{'_' + args.preset if args.preset else ''}.json"
+    name = f"serve_{'gpu' if gpu else 'cpu'}{'_preset' if args.preset else ''}.json"
     save_json(result, args.out or os.path.join("benchmarks", "results", name))
     if args.figure:
         plot(

@@ -5,14 +5,14 @@ steps (torch.profiler; its per-kernel times run high). Writes a text report to -
 import argparse
 import os
 import time
+from dataclasses import replace
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from minivllm import LLM, SamplingParams
+from minivllm import LLM, SamplingParams, kernels
 from minivllm.testing.benchmark import COPY_BW, model_bytes_and_flops
 from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
-from minivllm.utils import switches
 
 
 @torch.inference_mode()
@@ -74,7 +74,10 @@ def main() -> None:
             print(lines[-1], flush=True)
     for variant in filter(None, args.variants.split(";")):
         opts = dict(kv.split("=") for kv in variant.split(","))
-        switches.set(**{name: switches._parse(name, value) for name, value in opts.items()})
+        parse = lambda v: {"0": False, "1": True, "auto": None}.get(v, v)  # flags 0/1, compile auto, names as is
+        options = replace(runner.config.kernels, **{name: parse(value) for name, value in opts.items()})
+        runner.ops = kernels.pick(runner.device, runner.dtype, backend=runner.backend, options=options)
+        runner.sampler.ops = runner.ops
         runner.graphs = None
         torch.cuda.synchronize()
         runner.capture_cudagraph()

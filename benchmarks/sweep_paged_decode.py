@@ -1,4 +1,4 @@
-"""Sweep of the Triton paged decode kernel's launch configuration (minivllm/layers/paged_decode.py) on the GPU,
+"""Sweep of the Triton paged decode kernel's launch configuration (minivllm/kernels/triton/paged_decode.py) on the GPU,
 on Qwen3-0.6B's per-layer shape (16 q heads / 8 KV heads x 128, bf16, block size 256) at batches and context
 mixes of the benchmark workload; also the same batch ordered longest context first. Times are
 triton.testing.do_bench medians (L2 flushed), bytes = K and V of every context once.
@@ -20,7 +20,7 @@ import itertools
 import torch
 import triton.testing
 
-from minivllm.layers.paged_decode import HEADS_FASTEST, num_splits, paged_decode
+from minivllm.kernels.triton.paged_decode import HEADS_FASTEST, num_splits, paged_decode
 from minivllm.layers.torch_attention import paged_decode_attention
 from minivllm.testing.benchmark import save_json
 

@@ -58,7 +58,12 @@ def _describe(x) -> str:
 
 
 def render_chat(tokenizer, conversation: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
-    """The conversation as prompt text through the tokenizer's chat template (the assistant's turn opened)."""
+    """The conversation as prompt text through the tokenizer's chat template (the assistant's turn opened, or
+    with continue_final_message=True its last message left open)."""
+    if kwargs.get("continue_final_message") and add_generation_prompt:
+        raise ValueError("cannot set both continue_final_message and add_generation_prompt to True")
+    if kwargs.get("continue_final_message") and not conversation:
+        raise ValueError("continue_final_message needs a final message to continue")
     if getattr(tokenizer, "chat_template", None) is None:
         raise ValueError("the model's tokenizer has no chat template: use generate() with plain prompts")
     if not isinstance(conversation, list) or not all(isinstance(m, dict) for m in conversation):

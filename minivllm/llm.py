@@ -6,18 +6,12 @@ own loop (engine/async_llm.py). Prompts take every form of minivllm/inputs.py.""
 import time
 from itertools import count
 
-from minivllm.engine import attention_compile
+from tqdm import tqdm
 
-# On a GPU whose FlashAttention-4 disk cache is empty, a helper process starts its imports now, beside the ones
-# below, to compile the first engine's attention kernel (engine/attention_compile.py)
-attention_compile.start_helper()
-
-from tqdm import tqdm  # noqa: E402
-
-from minivllm.engine.llm_engine import LLMEngine  # noqa: E402
-from minivllm.inputs import is_conversation, is_single_prompt, render_chat  # noqa: E402
-from minivllm.outputs import RequestOutput  # noqa: E402
-from minivllm.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
+from minivllm.engine.llm_engine import LLMEngine
+from minivllm.inputs import is_conversation, is_single_prompt, render_chat
+from minivllm.outputs import RequestOutput
+from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM(LLMEngine):
@@ -47,13 +41,13 @@ class LLM(LLMEngine):
         for i, (prompt, sp) in enumerate(zip(prompts, sampling_params)):
             try:
                 rid = next(r for r in map(str, self.request_counter) if r not in self.requests)
-                requests.append(self.make_request(rid, prompt, sp, output_kind=RequestOutputKind.FINAL_ONLY))
+                requests.append(self.processor.process(rid, prompt, sp, output_kind=RequestOutputKind.FINAL_ONLY))
             except (ValueError, TypeError) as e:
                 problems.append(f"prompt {i}: {e}")
         if problems:  # refuse the batch before anything is queued
             raise ValueError("; ".join(problems))
         for request in requests:
-            self.queue_request(request)
+            self.add_request(request.request_id, request)
         return self._run(requests, use_tqdm)
 
     def chat(
@@ -62,14 +56,15 @@ class LLM(LLMEngine):
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of {"role", "content"} messages) or to a list of them,
-        each rendered by the tokenizer's chat template with the assistant's turn opened."""
+        each rendered by the tokenizer's chat template with the assistant's turn opened (or, with
+        `continue_final_message` and add_generation_prompt=False, its last message left open to continue)."""
         conversations = [messages] if is_conversation(messages) else messages
-        prompts = [
-            render_chat(self.tokenizer, c, add_generation_prompt, **(chat_template_kwargs or {})) for c in conversations
-        ]
+        kwargs = dict(chat_template_kwargs or {}, continue_final_message=continue_final_message)
+        prompts = [render_chat(self.tokenizer, c, add_generation_prompt, **kwargs) for c in conversations]
         # the template writes the special tokens itself (a BOS included): tokenize without adding more
         ids = [{"prompt_token_ids": self.tokenizer.encode(p, add_special_tokens=False)} for p in prompts]
         outputs = self.generate(ids, sampling_params, use_tqdm)

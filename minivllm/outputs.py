@@ -12,6 +12,7 @@ class Logprob:
 
 
 SampleLogprobs = list[dict[int, Logprob]]  # per output token: {token id: Logprob} for the top-k and the sampled one
+PromptLogprobs = list[dict[int, Logprob] | None]  # None (the first token has none), then one per prompt token
 
 
 @dataclass(slots=True)
@@ -35,6 +36,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
+    prompt_logprobs: PromptLogprobs | None = None  # when asked for (SamplingParams.prompt_logprobs)
 
     # read-only shortcuts to the first sequence (minivllm's older API, used by its notebooks)
     @property

@@ -15,11 +15,13 @@
 #   tp          two GPUs: notebook 14 under nbval with MINIVLLM_REQUIRE_GPUS=2 (TP=2 with CUDA graphs == TP=1),
 #               then scripts/gpu_tp.py (TP=2 vs TP=1 in fp32 and bf16, two engines side by side, no stray process);
 #               `tp:14` runs only the notebook, `tp:script` only gpu_tp.py (it starts 11 engines: minutes)
-#   serve       the serving and sampling tests on CUDA (test_server, test_async_engine, test_offline_api,
-#               test_sampling_features: their engines take the GPU when there is one), then
-#               benchmarks/bench_serve.py on bench.py's random Qwen3-0.6B -> DIR/results/serve_gpu.json and
-#               DIR/serve_gpu.png (TTFT and TPOT against concurrency), the server's own log in DIR/serve_server.log
-#   bench       python3 bench.py (TP=1, nano-vllm's workload)      -> DIR/results/first_run_gpu.json
+#   serve       the serving, sampling, vLLM-parity and structured-output tests on CUDA (their engines take the GPU
+#               when there is one; `serve:tests` only these), then benchmarks/bench_serve.py on bench.py's random
+#               Qwen3-0.6B at 1-256 streams and Poisson rates 50-200 req/s, each beside offline LLM.generate
+#               (`serve:bench` only this) -> DIR/results/serve_gpu.json and DIR/serve_gpu.png (TTFT and TPOT
+#               against concurrency), the server's own log in DIR/serve_server.log
+#   bench       python3 bench.py --structured json (TP=1, nano-vllm's workload, and a run with a JSON schema on
+#               every request)                                  -> DIR/results/first_run_gpu.json
 #   bench-tp2   python3 bench.py --tp 2 (two GPUs)                  -> DIR/results/first_run_gpu_tp2.json
 #   profile     benchmarks/profile_decode.py (decode-graph replay per batch size) -> DIR/results/decode_replay.txt
 #   smoke       scripts/gpu_smoke.py (every backend, graphs on and off, greedy tokens against a reference)
@@ -115,14 +117,19 @@ for part in "${parts[@]}"; do
       if [ "$part" != tp:14 ]; then
         run_part tp-script python3 scripts/gpu_tp.py --out "$out/gpu_tp.json"
       fi ;;
-    serve)
-      run_part serve-tests "${PYTEST[@]}" tests/test_server.py tests/test_async_engine.py tests/test_offline_api.py \
-        tests/test_sampling_features.py
-      run_part serve-bench python3 benchmarks/bench_serve.py --model random-qwen3-0.6b \
-        --out "$out/results/serve_gpu.json" --figure "$out/serve_gpu.png" \
-        --server-log "$out/serve_server.log" --server-log-level info ;;
+    serve|serve:tests|serve:bench)
+      if [ "$part" != serve:bench ]; then
+        run_part serve-tests "${PYTEST[@]}" tests/test_server.py tests/test_server_core.py tests/test_async_engine.py \
+          tests/test_offline_api.py tests/test_sampling_features.py tests/test_vllm_parity.py \
+          tests/test_structured_outputs.py
+      fi
+      if [ "$part" != serve:tests ]; then
+        run_part serve-bench python3 benchmarks/bench_serve.py --model random-qwen3-0.6b --request-rate 50 100 200 \
+          --out "$out/results/serve_gpu.json" --figure "$out/serve_gpu.png" \
+          --server-log "$out/serve_server.log" --server-log-level info
+      fi ;;
     bench)
-      run_part bench python3 bench.py --out "$out/results/first_run_gpu.json" ;;
+      run_part bench python3 bench.py --structured json --out "$out/results/first_run_gpu.json" ;;
     bench-tp2)
       run_part bench-tp2 python3 bench.py --tp 2 --out "$out/results/first_run_gpu_tp2.json" ;;
     profile)

@@ -11,7 +11,6 @@ import torch
 from minivllm import LLM, SamplingParams
 from minivllm.layers import attention_backend
 from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
-from minivllm.utils import switches
 
 
 def greedy(path, prompts, n, **kw):
@@ -36,7 +35,6 @@ def main() -> int:
         ),
     ]:
         prompts = [[(7 * i + L) % 500 for i in range(L)] for L in (5, 300, 1, 700)]
-        switches.set(pdl=False)
         _, ref = greedy(
             path,
             prompts,
@@ -46,8 +44,8 @@ def main() -> int:
             dtype=dtype,
             max_model_len=2048,
             max_num_seqs=64,
+            kernels=dict(pdl=False),
         )
-        switches.set(pdl=True)
         runs = {}
         for backend in attention_backend.available("cuda", getattr(torch, dtype)):
             for eager in (True, False):

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from minivllm.testing.tiny_model import TINY_LLAMA, make_tiny_checkpoint
+from minivllm.testing.tiny_model import CHAT_TEMPLATE, TINY_LLAMA, make_tiny_checkpoint
 
 TOLERANCES = {
     torch.float64: (1e-10, 1e-10),
@@ -49,6 +49,12 @@ def tiny_qwen2(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> str:
     return make_tiny_checkpoint(str(tmp_path_factory.mktemp("tiny_llama")), "llama", **TINY_LLAMA)
+
+
+@pytest.fixture(scope="session")
+def chat_model(tmp_path_factory) -> str:
+    """A tiny Qwen3 whose tokenizer has a chat template (the server's and the offline chat tests')."""
+    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("chat")), "qwen3", chat_template=CHAT_TEMPLATE)
 
 
 # --- bf16 greedy against a reference, up to what bf16 itself gets wrong -------------------------------------

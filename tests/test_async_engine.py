@@ -45,6 +45,8 @@ def fake_token(request_id: str, index: int, pos: int) -> int:
 
 
 class Handle:
+    prompt_logprobs = None  # no request here asks for prompt logprobs
+
     def __init__(self, tokens: list[int]) -> None:
         self.tokens = tokens
 
@@ -354,14 +356,14 @@ def test_an_engine_thread_that_fails_to_start_fails_the_requests(tiny_qwen3, mon
 
 
 def test_an_engine_that_fails_on_a_request_fails_its_stream(tiny_qwen3):
-    """queue_request fails with an engine error (not a bad request): that request's stream hears why, the
+    """add_request fails with an engine error (not a bad request): that request's stream hears why, the
     engine thread stops, and a later request is refused at once."""
     engine = LLM(tiny_qwen3, num_kvcache_blocks=8, kvcache_block_size=4, max_model_len=64)
 
-    def broken(request):
+    def broken(request_id, prompt, params=None):
         raise RuntimeError("the scheduler broke")
 
-    engine.queue_request = broken
+    engine.add_request = broken
     llm = AsyncLLM(engine)
     try:
         with pytest.raises(EngineDeadError, match="the scheduler broke"):
@@ -371,5 +373,39 @@ def test_an_engine_that_fails_on_a_request_fails_its_stream(tiny_qwen3):
         with pytest.raises(EngineDeadError):
             run_first_output(llm, [4, 5])
     finally:
-        del engine.queue_request
+        del engine.add_request
         llm.shutdown()
+
+
+# --- the output collector: a slow consumer gets merged DELTA outputs ---------------------------------------------
+
+
+def test_output_collector_merges_deltas_a_slow_consumer_has_not_taken():
+    from minivllm.engine.output_processor import RequestOutputCollector
+    from minivllm.outputs import CompletionOutput, RequestOutput
+    from minivllm.sampling_params import RequestOutputKind
+
+    def out(i: int, finish: str | None = None) -> RequestOutput:
+        completions = [CompletionOutput(c, f"{c}:{i} ", [10 * c + i], None, None, finish) for c in (0, 1)]
+        return RequestOutput("r", None, [1, 2], completions, finish is not None)
+
+    async def main():
+        delta = RequestOutputCollector(RequestOutputKind.DELTA)
+        for i in range(3):
+            delta.put_nowait(out(i, "length" if i == 2 else None))
+        merged = await delta.get()
+        assert [c.text for c in merged.outputs] == ["0:0 0:1 0:2 ", "1:0 1:1 1:2 "]
+        assert [c.token_ids for c in merged.outputs] == [[0, 1, 2], [10, 11, 12]]
+        assert merged.finished and [c.finish_reason for c in merged.outputs] == ["length", "length"]
+        delta.put_nowait(out(3))
+        assert (await delta.get()).outputs[0].token_ids == [3]  # taken in time: one step's output alone
+        cumulative = RequestOutputCollector(RequestOutputKind.CUMULATIVE)
+        cumulative.put_nowait(out(0))
+        cumulative.put_nowait(out(1))
+        assert (await cumulative.get()).outputs[0].token_ids == [1]  # the latest holds everything
+        delta.put_nowait(out(4))
+        delta.put_nowait(RuntimeError("dead"))
+        delta.put_nowait(out(5))  # nothing after an error
+        assert isinstance(await delta.get(), RuntimeError)
+
+    asyncio.run(main())

@@ -12,7 +12,6 @@ from conftest import assert_close
 from minivllm.layers import attention_backend
 from minivllm.layers.attention import Attention
 from minivllm.layers.torch_attention import gather_paged
-from minivllm.utils import switches
 from minivllm.utils.context import reset_context, set_context
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -178,7 +177,7 @@ def test_decode_padded_rows(backend):
     assert_close(real, expected, dtype=dtype)
 
 
-# --- our Triton decode kernel (minivllm/layers/paged_decode.py), the flash backends' decode on a GPU ---------
+# --- our Triton decode kernel (minivllm/kernels/triton/paged_decode.py), the flash backends' decode on a GPU ---------
 
 TRITON_CASES = CASES if DEVICE == "cuda" else CASES[1:]  # the interpreter is slow: no 2000-token context on CPU
 
@@ -191,7 +190,7 @@ def test_triton_decode_matches_reference(dtype, splits, heads_fastest, heads, kv
     """GQA groups, tiles that cross pages (block size 16 < the kernel's 64-token tile), split-KV with splits
     longer than some contexts (empty splits), a padded row with context 0 (zeros, and no harm to the others),
     in either order of the programs."""
-    from minivllm.layers.paged_decode import paged_decode
+    from minivllm.kernels.triton.paged_decode import paged_decode
 
     _, k, v, _ = ragged(lens, heads, kv_heads, dtype)
     num_blocks, tables, slots = paged_layout(lens, block_size, shuffle=True)
@@ -209,7 +208,7 @@ def test_num_splits_rule():
     """The decode split count stays within what the combine kernel holds, never rises as the batch grows (a larger
     batch has more programs of its own), and leaves the batches that fill the GPU unsplit."""
     from minivllm.engine.cuda_graphs import graph_batch_sizes
-    from minivllm.layers.paged_decode import MAX_SPLITS, num_splits
+    from minivllm.kernels.triton.paged_decode import MAX_SPLITS, num_splits
 
     for kv_heads in (2, 4, 8):
         counts = [num_splits(bs, kv_heads) for bs in graph_batch_sizes(512)]
@@ -221,6 +220,8 @@ def test_num_splits_rule():
 @pytest.mark.gpu
 def test_gpu_decode_kernels_agree_on_the_benchmark_shapes():
     """Our Triton decode and FlashAttention-4's own, on Qwen3-0.6B's heads at the batch sizes bench.py meets."""
+    from minivllm.kernels.triton.paged_decode import paged_decode
+
     if "fa4" not in attention_backend.available("cuda"):
         pytest.skip("FlashAttention-4 is not available on this GPU")
     g = torch.Generator().manual_seed(0)
@@ -231,12 +232,10 @@ def test_gpu_decode_kernels_agree_on_the_benchmark_shapes():
         v_cache = torch.randn(num_blocks, 256, 8, 128, generator=g).to("cuda", torch.bfloat16)
         q = torch.randn(batch, 16, 128, generator=g).to("cuda", torch.bfloat16)
         ctx_t = torch.tensor(lens, dtype=torch.int32, device="cuda")
-        outs = {}
-        for kernel in ("triton", "flash"):
-            with switches.override(decode_kernel=kernel):
-                outs[kernel] = attention_backend.decode(
-                    "fa4", q, k_cache, v_cache, ctx_t, tables.clamp(min=0), 128**-0.5
-                )
+        outs = dict(
+            triton=paged_decode(q, k_cache, v_cache, ctx_t, tables.clamp(min=0), 128**-0.5),
+            flash=attention_backend.decode("fa4", q, k_cache, v_cache, ctx_t, tables.clamp(min=0), 128**-0.5),
+        )
         exact = attention_backend.decode("torch", q.float(), k_cache.float(), v_cache.float(), ctx_t, tables, 128**-0.5)
         err_t, err_f = (outs["triton"].float() - exact).abs().max(), (outs["flash"].float() - exact).abs().max()
         assert err_t <= 2 * err_f + 1e-3, f"batch {batch}: triton error {err_t:.3g}, FA4 error {err_f:.3g}"

@@ -1,4 +1,4 @@
-"""The fused attention prologue (minivllm/layers/attention_prologue.py): one Triton kernel does per-head
+"""The fused attention prologue (minivllm/kernels/triton/attention_prologue.py): one Triton kernel does per-head
 QK-norm, RoPE and the KV-cache write. On CPU it runs through the Triton interpreter and must match the
 separate ops the CPU path runs (RMSNorm, RotaryEmbedding, store_kvcache_torch); on a GPU the whole model
 must give the same logits with the kernel on and off."""
@@ -7,11 +7,10 @@ import pytest
 import torch
 
 from conftest import assert_close
-from minivllm.layers.attention_prologue import attention_prologue as prologue
+from minivllm.kernels.triton.attention_prologue import attention_prologue as prologue
+from minivllm.layers.attention import store_kvcache_torch
 from minivllm.layers.layernorm import RMSNorm
 from minivllm.layers.rotary_embedding import RotaryEmbedding
-from minivllm.layers.torch_attention import store_kvcache_torch
-from minivllm.utils import switches
 
 NUM_BLOCKS, BLOCK_SIZE = 4, 4
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the compiled kernel on a GPU, the interpreter on CPU
@@ -121,8 +120,8 @@ def test_gpu_model_logits_with_and_without_the_fused_prologue(tiny_qwen3):
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     runs = []
     for fused in (True, False):
-        with switches.override(fused_prologue=fused):
-            llm = LLM(tiny_qwen3, device="cuda", dtype="float32", enforce_eager=True, max_model_len=256)
-            runs.append([o.token_ids for o in llm.generate(prompts, sp, use_tqdm=False)])
-            llm.exit()
+        kernels = dict(fused_prologue=fused)
+        llm = LLM(tiny_qwen3, device="cuda", dtype="float32", enforce_eager=True, max_model_len=256, kernels=kernels)
+        runs.append([o.token_ids for o in llm.generate(prompts, sp, use_tqdm=False)])
+        llm.exit()
     assert runs[0] == runs[1]

@@ -129,7 +129,7 @@ def test_an_eos_ends_the_answer_unless_ignore_eos(tiny_qwen3, hf, capsys, tmp_pa
     stopped = hf(ids, 8, eos=eos)  # transformers stops there too
     assert len(stopped) < 8
     base = ["--model", path, "--no-chat-template", "--max-tokens", "8", PROMPTS[0]]
-    assert run(capsys, *base)[1:] == ([hf.text(stopped)], (1, len(stopped)))
+    assert run(capsys, *base)[1:] == ([hf.text(stopped[:-1])], (1, len(stopped)))  # the EOS's text left out (vLLM)
     assert run(capsys, *base, "--ignore-eos")[1:] == ([hf.text(ref)], (1, 8))
 
 

@@ -82,7 +82,7 @@ def _copy_checkpoint(src: str, dst, drop: str | None = None) -> str:
 def test_a_complete_config_json_is_read_without_the_model_config_class(fixture, request):
     from transformers import AutoConfig, PretrainedConfig
 
-    from minivllm.config import ENGINE_KEYS, load_hf_config
+    from minivllm.checkpoint import ENGINE_KEYS, load_hf_config
     from minivllm.layers.rotary_embedding import rope_scaling_of, rope_theta_of
 
     path = request.getfixturevalue(fixture)
@@ -98,7 +98,7 @@ def test_a_complete_config_json_is_read_without_the_model_config_class(fixture, 
 def test_a_config_json_that_leaves_a_field_to_its_class_goes_through_autoconfig(tiny_qwen3, tmp_path, missing):
     from transformers import AutoConfig
 
-    from minivllm.config import load_hf_config
+    from minivllm.checkpoint import load_hf_config
 
     path = _copy_checkpoint(tiny_qwen3, tmp_path / "ckpt", drop=missing)
     ours = load_hf_config(path)
@@ -111,7 +111,7 @@ def test_the_tokenizer_given_our_config_is_the_one_autotokenizer_loads(tiny_qwen
 
     from transformers import AutoTokenizer
 
-    from minivllm.config import load_hf_config, load_tokenizer
+    from minivllm.checkpoint import load_hf_config, load_tokenizer
 
     text = "The capital of France is Paris."
     ref = AutoTokenizer.from_pretrained(tiny_qwen3)

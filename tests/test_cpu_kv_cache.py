@@ -12,7 +12,6 @@ from minivllm import LLM, SamplingParams
 from minivllm.engine.kv_cache import allocate_zeroed
 from minivllm.layers import torch_attention
 from minivllm.layers.torch_attention import DecodeGather, decode_gather, paged_decode_attention
-from minivllm.utils import switches
 
 CPU = torch.device("cpu")
 
@@ -127,13 +126,12 @@ def test_gather_still_checks_each_call():
 def test_engine_builds_one_gather_per_decode_step(tiny_qwen3, monkeypatch):
     """Two layers, one build per decode step; and the tokens are those of an engine that builds per layer (the
     torch path: the C++ decode reads the paged cache in place and gathers nothing)."""
-    monkeypatch.setattr(switches.SWITCHES, "cpu_ops", False)
     builds = []
     check_tables = torch_attention.check_tables
     monkeypatch.setattr(torch_attention, "check_tables", lambda *a: builds.append(1) or check_tables(*a))
     prompts = [[1, 2, 3, 4, 5], [7, 8, 9]]
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    llm = LLM(tiny_qwen3, kvcache_block_size=16, device="cpu")
+    llm = LLM(tiny_qwen3, kvcache_block_size=16, device="cpu", kernels=dict(cpu_ops=False))
     assert llm.config.hf_config.num_hidden_layers == 2
     shared = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert len(builds) == 6 - 1  # one prefill (its keys are fresh: no gather), then 5 decode steps

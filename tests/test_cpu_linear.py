@@ -1,4 +1,4 @@
-"""Linear layers on CPU through oneDNN with packed weights (minivllm/layers/cpu_linear.py): the same numbers as
+"""Linear layers on CPU through oneDNN with packed weights (minivllm/kernels/cpu/linear.py): the same numbers as
 F.linear (up to the order of fp32 sums), for every layer of the Linear family and the LM head, with and without
 bias, any number of rows; an engine on CPU packs its layers, and the switch turns it off."""
 
@@ -8,10 +8,9 @@ import torch.nn.functional as F
 
 from conftest import assert_close
 from minivllm import LLM, SamplingParams
-from minivllm.layers import cpu_linear
+from minivllm.kernels.cpu import linear as cpu_linear
 from minivllm.layers.embed_head import ParallelLMHead
 from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, ReplicatedLinear, RowParallelLinear
-from minivllm.utils import switches
 from minivllm.utils.context import reset_context
 
 pytestmark = pytest.mark.skipif(not cpu_linear.packable(torch.zeros(2, 2)), reason="no oneDNN in this torch build")
@@ -43,8 +42,9 @@ def test_packed_layers_equal_f_linear(dtype, rows):
         got = m(x)
         assert got.shape == want.shape and got.dtype == dtype, name
         assert_close(got, want, **tol)
-        with switches.override(cpu_packed_linear=False):  # the switch: F.linear itself
-            assert torch.equal(m(x), want), name
+        packed, m.packed_weight = m.packed_weight, None  # not packed (the cpu_packed_linear option): F.linear itself
+        assert torch.equal(m(x), want), name
+        m.packed_weight = packed
 
 
 def test_packed_lm_head_equals_f_linear():
@@ -68,23 +68,23 @@ def test_unpackable_weights_fall_back_to_f_linear():
 
 
 def test_engine_on_cpu_packs_its_layers_and_answers_the_same_without(tiny_qwen3):
-    llm = LLM(tiny_qwen3, device="cpu", num_kvcache_blocks=16, kvcache_block_size=16, max_model_len=128)
-    model = llm.model_runner.model
-    packed = [m for m in model.modules() if getattr(m, "packed_weight", None) is not None]
-    assert len(packed) == 2 * 4 + 1  # 2 layers x (qkv, o, gate_up, down) + the LM head
+    kw = dict(device="cpu", num_kvcache_blocks=16, kvcache_block_size=16, max_model_len=128)
+    llm, unpacked = LLM(tiny_qwen3, **kw), LLM(tiny_qwen3, **kw, kernels=dict(cpu_packed_linear=False))
+    for engine, want in ((llm, 2 * 4 + 1), (unpacked, 0)):  # 2 layers x (qkv, o, gate_up, down) + the LM head
+        model = engine.model_runner.model
+        assert len([m for m in model.modules() if getattr(m, "packed_weight", None) is not None]) == want
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     prompts = [[1, 2, 3], list(range(5, 40))]
 
-    def generate() -> tuple[list[list[int]], int]:
+    def generate(engine) -> tuple[list[list[int]], int]:
         """The tokens, and how many matmuls went through the packed weights (oneDNN's op, seen by the profiler)."""
-        llm.reset_prefix_cache()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            tokens = [o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+            tokens = [o.token_ids for o in engine.generate(prompts, greedy, use_tqdm=False)]
         return tokens, sum(e.name == "mkldnn::_linear_pointwise" for e in prof.events())
 
-    with_packing, packed_calls = generate()
-    with switches.override(cpu_packed_linear=False):
-        without, calls_without = generate()
+    with_packing, packed_calls = generate(llm)
+    without, calls_without = generate(unpacked)
     assert packed_calls >= 8 * 9 and calls_without == 0  # every matmul of every step, or none
     assert with_packing == without
     llm.exit()
+    unpacked.exit()

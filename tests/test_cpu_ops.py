@@ -1,4 +1,4 @@
-"""The C++ CPU operators (minivllm/csrc/cpu_ops.cpp, loaded by minivllm/layers/cpu_ops.py) against the torch
+"""The C++ CPU operators (minivllm/kernels/cpu/csrc/, loaded by minivllm/kernels/cpu/ops.py) against the torch
 definitions they stand in for: RMSNorm plain and with the residual add, RoPE, SiLU-mul, the KV-cache store and
 paged decode attention, in fp32, bf16 and fp16, on strided inputs as the model passes them; bad inputs raise
 ValueError naming the problem; the layers take the C++ path on CPU when the library is loaded and the switch is on;
@@ -11,8 +11,11 @@ import torch
 import torch.nn.functional as F
 
 from minivllm import LLM, SamplingParams
-from minivllm.layers import activation, attention_backend, cpu_ops, layernorm, rotary_embedding, torch_attention
-from minivllm.utils import switches
+from minivllm.kernels import KernelOptions, pick
+from minivllm.kernels.cpu import build
+from minivllm.kernels.cpu import ops as cpu_ops
+from minivllm.layers import activation, attention, attention_backend, layernorm, rotary_embedding, torch_attention
+from minivllm.utils.context import use_ops
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -21,7 +24,7 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 def library():
     """This machine's build (scripts/setup.sh makes it; built here if missing: a test that skipped would check
     nothing)."""
-    cpu_ops.build()
+    build.build()
     cpu_ops._state.clear()
     assert cpu_ops.loaded(), cpu_ops.not_loaded_reason()
 
@@ -88,7 +91,7 @@ def test_store_matches_index_assignment(dtype, slot_dtype):
     k, v = qkv[:, 64:128].view(6, 2, 32), qkv[:, 128:].view(6, 2, 32)  # strided, as the model passes them
     slots = torch.tensor([5, -1, 0, 17, -1, 9], dtype=slot_dtype)
     want_k, want_v = torch.zeros(3, 8, 2, 32, dtype=dtype), torch.zeros(3, 8, 2, 32, dtype=dtype)
-    torch_attention.store_kvcache_torch(k, v, want_k, want_v, slots)
+    attention.store_kvcache_torch(k, v, want_k, want_v, slots)
     got_k, got_v = torch.zeros_like(want_k), torch.zeros_like(want_v)
     cpu_ops.store_kvcache(k, v, got_k, got_v, slots)
     assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
@@ -149,7 +152,7 @@ def test_paged_decode_rejects_bad_tables_and_shapes():
         cpu_ops.paged_decode(q.bfloat16(), k_cache, v_cache, context_lens, tables, 0.125)
 
 
-def test_layers_take_the_cpp_path_on_cpu_and_the_switch_turns_it_off():
+def test_layers_take_the_cpp_path_on_cpu_and_the_option_turns_it_off():
     torch.manual_seed(0)
     x, r = torch.randn(5, 64).bfloat16(), torch.randn(5, 64).bfloat16()
     norm = layernorm.RMSNorm(64).to(torch.bfloat16)
@@ -157,23 +160,25 @@ def test_layers_take_the_cpp_path_on_cpu_and_the_switch_turns_it_off():
     gate_up = torch.randn(5, 2 * 48).bfloat16()
     q, k = torch.randn(5, 4, 64).bfloat16(), torch.randn(5, 2, 64).bfloat16()
     rope, positions = rotary_embedding.RotaryEmbedding(64, 64, 64, 10000.0), torch.arange(5)
-    assert cpu_ops.runs_on(x)
-    assert torch.equal(norm(x), cpu_ops.rms_norm(x, norm.weight, norm.eps))
-    assert all(torch.equal(a, b) for a, b in zip(norm(x, r), cpu_ops.add_rms_norm(x, r, norm.weight, norm.eps)))
-    assert torch.equal(activation.SiluAndMul()(gate_up), cpu_ops.silu_and_mul(gate_up))
-    assert all(
-        torch.equal(a, b) for a, b in zip(rope(positions, q, k), cpu_ops.rotary(positions, q, k, rope.cos_sin_cache))
-    )
-    with switches.override(cpu_ops=False):
-        assert not cpu_ops.runs_on(x)
+    table = pick("cpu")
+    assert table.rms_norm is cpu_ops.rms_norm and table.paged_decode is cpu_ops.checked_paged_decode
+    with use_ops(table):
+        assert torch.equal(norm(x), cpu_ops.rms_norm(x, norm.weight, norm.eps))
+        assert all(torch.equal(a, b) for a, b in zip(norm(x, r), cpu_ops.add_rms_norm(x, r, norm.weight, norm.eps)))
+        assert torch.equal(activation.SiluAndMul()(gate_up), cpu_ops.silu_and_mul(gate_up))
+        rotated = rope(positions, q, k)
+    assert all(torch.equal(a, b) for a, b in zip(rotated, cpu_ops.rotary(positions, q, k, rope.cos_sin_cache)))
+    off = pick("cpu", options=KernelOptions(cpu_ops=False))
+    assert off.rms_norm is None and off.paged_decode is None and off.store_kvcache is None
+    with use_ops(off):
         assert torch.equal(norm(x), norm.rms_forward(x))  # the torch definition
         assert torch.equal(activation.SiluAndMul()(gate_up), activation.SiluAndMul().silu_and_mul(gate_up))
     args = paged_inputs(torch.bfloat16, [30, 7], 4, 2, 64, 16)
-    with switches.override(cpu_ops=False):
-        torch_out = attention_backend.decode("torch", *args, 0.125)
-    assert torch.equal(attention_backend.decode("torch", *args, 0.125), cpu_ops.paged_decode(*args, 0.125))
     torch.testing.assert_close(
-        attention_backend.decode("torch", *args, 0.125).float(), torch_out.float(), atol=1e-2, rtol=1e-2
+        cpu_ops.paged_decode(*args, 0.125).float(),
+        attention_backend.decode("torch", *args, 0.125).float(),
+        atol=1e-2,
+        rtol=1e-2,
     )
 
 
@@ -185,10 +190,11 @@ def test_engine_tokens_equal_with_and_without_the_cpp_ops(tiny_qwen3, tiny_llama
     for model in (tiny_qwen3, tiny_llama):
         tokens = {}
         for on in (True, False):
-            with switches.override(cpu_ops=on):
-                llm = LLM(model, dtype="float32", max_num_batched_tokens=32, max_model_len=128, device="cpu")
-                tokens[on] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-                llm.exit()
+            kw = dict(dtype="float32", max_num_batched_tokens=32, max_model_len=128, device="cpu")
+            llm = LLM(model, **kw, kernels=dict(cpu_ops=on))
+            assert llm.model_runner.ops.name == ("c++" if on else "torch")
+            tokens[on] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+            llm.exit()
         assert tokens[True] == tokens[False]
 
 
@@ -197,22 +203,20 @@ def test_without_a_build_the_engine_runs_the_torch_ops(tmp_path, monkeypatch, ca
     monkeypatch.setenv("MINIVLLM_CACHE", str(tmp_path))
     monkeypatch.setattr(cpu_ops, "_state", {})
     assert not cpu_ops.loaded()
-    assert "python3 -m minivllm.layers.cpu_ops" in cpu_ops.not_loaded_reason()
-    with caplog.at_level(logging.INFO, logger="minivllm.layers.cpu_ops"):
-        cpu_ops.log_choice("cpu")
+    assert "python3 -m minivllm.kernels.cpu.build" in cpu_ops.not_loaded_reason()
+    with caplog.at_level(logging.INFO, logger="minivllm.kernels.cpu.ops"):
+        cpu_ops.log_choice(True)
     assert "CPU ops: torch; the C++ library is not built" in caplog.text
-    x = torch.randn(3, 32)
-    norm = layernorm.RMSNorm(32)
-    assert not cpu_ops.runs_on(x) and torch.equal(norm(x), norm.rms_forward(x))
+    assert pick("cpu") == pick("cpu", options=KernelOptions(cpu_ops=False))  # the torch definitions
 
 
 def test_the_library_key_follows_the_source(tmp_path, monkeypatch):
     source = tmp_path / "cpu_ops.cpp"
     source.write_text("// one\n")
-    monkeypatch.setattr(cpu_ops, "SOURCE", str(source))
-    first = cpu_ops.library_path()
+    monkeypatch.setattr(build, "SOURCES", [str(source)])
+    first = build.library_path()
     source.write_text("// two\n")
-    assert cpu_ops.library_path() != first  # an edited source is a new build, never a stale library
+    assert build.library_path() != first  # an edited source is a new build, never a stale library
 
 
 def test_a_compiler_whose_build_fails_or_fails_its_self_test_is_passed_over(tmp_path, monkeypatch):
@@ -225,12 +229,12 @@ def test_a_compiler_whose_build_fails_or_fails_its_self_test_is_passed_over(tmp_
     for script in (broken, fake):
         script.chmod(0o755)
     monkeypatch.setenv("CXX", str(broken))
-    assert cpu_ops.compilers()[0] == str(broken) and len(set(cpu_ops.compilers())) == len(cpu_ops.compilers())
-    assert "no such compiler" in cpu_ops._compile_and_check(str(broken), str(tmp_path / "a.so"), verbose=False)
-    failure = cpu_ops._compile_and_check(str(fake), str(tmp_path / "b.so"), verbose=False)
+    assert build.compilers()[0] == str(broken) and len(set(build.compilers())) == len(build.compilers())
+    assert "no such compiler" in build._compile_and_check(str(broken), str(tmp_path / "a.so"), verbose=False)
+    failure = build._compile_and_check(str(fake), str(tmp_path / "b.so"), verbose=False)
     assert failure is not None and "failed the self-test" in failure
     monkeypatch.setenv("MINIVLLM_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(cpu_ops, "compilers", lambda: [str(broken), str(fake)])
+    monkeypatch.setattr(build, "compilers", lambda: [str(broken), str(fake)])
     with pytest.raises(RuntimeError, match="no compiler built CPU ops that pass their self-test"):
-        cpu_ops.build()
+        build.build()
     assert not (tmp_path / "cache" / "cpu_ops").exists() or not list((tmp_path / "cache" / "cpu_ops").rglob("*.so"))

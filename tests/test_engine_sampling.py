@@ -3,7 +3,7 @@ through ModelRunner (minivllm/engine/model_runner.py -> minivllm/layers/sampler.
 and sampled requests. Many requests share one prompt, so their tokens are draws from one distribution: the
 prefill step's token must follow softmax(logits / T) cut to the request's top-k and top-p, with transformers'
 logits on the same weights (chi-square, minivllm/testing/stats.py), and so must the decode step's token given
-the first. Then the GPU path's Triton kernels inside the engine on CPU (switches.triton_on_cpu: the KV-cache
+the first. Then the GPU path's Triton kernels inside the engine on CPU (the triton_on_cpu kernel option: the KV-cache
 store, the fused prologue and the sampler's inverse-CDF kernels, through the Triton interpreter): the torch
 paths' greedy tokens, and draws that fit the same probabilities."""
 
@@ -12,9 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from minivllm import LLM, SamplingParams
-from minivllm.layers import attention, attention_prologue, sampler
+from minivllm.kernels.triton import attention_prologue, sampler, store_kvcache
+from minivllm.layers import attention
 from minivllm.testing.stats import chi2_gof, chi2_two_sample, fits, reference_probs
-from minivllm.utils import switches
 
 PROMPT = [355]  # one token, whose next-token distribution on the tiny model is spread: 0.26, 0.22, 0.12, 0.08...
 GROUPS = [(1.0, 0, 1.0), (0.5, 0, 1.0), (1.0, 3, 1.0), (1.5, 0, 0.6), (0.8, 6, 0.8)]  # (temperature, top_k, top_p)
@@ -123,7 +123,7 @@ def count_calls(monkeypatch, module, name: str) -> list:
     return calls
 
 
-PATHS = {  # switches; which kernels write the KV cache and sample
+PATHS = {  # kernel options; which kernels write the KV cache and sample
     "torch": dict(triton_on_cpu=False, cpu_ops=False),  # the torch definitions (not the C++ ops: test_cpu_ops.py)
     "triton store": dict(triton_on_cpu=True, fused_prologue=False),
     "fused prologue": dict(triton_on_cpu=True, fused_prologue=True),
@@ -145,25 +145,25 @@ def test_triton_paths_in_the_engine_on_cpu_match_the_torch_paths(tiny_qwen3, nex
     greedy, hot = params(None, 8), SamplingParams(temperature=0.8, max_tokens=8, ignore_eos=True)
     singles, single_groups = mixed_batch([(1.0, 0, 1.0), (0.7, 3, 1.0)], block=0, mixed=224, max_tokens=1)
     tokens, draws, counts = {}, {}, {}
-    for path, switch in PATHS.items():
+    for path, options in PATHS.items():
         kernels = {
             name: count_calls(monkeypatch, module, fn)
             for name, module, fn in (
                 ("torch store", attention, "store_kvcache_torch"),
-                ("triton store", attention, "store_kvcache"),
+                ("triton store", store_kvcache, "store_kvcache"),
                 ("fused prologue", attention_prologue, "attention_prologue"),
                 ("sampler kernels", sampler, "inverse_cdf_sample"),
             )
         }
-        with switches.override(**switch):
-            llm = LLM(tiny_qwen3, **{**ARGS, "max_model_len": 64}, num_kvcache_blocks=256, seed=3, device="cpu")
-            outs = llm.generate(prompts + prompts[:1], [greedy] * 3 + [hot], use_tqdm=False)
-            outs += llm.generate([hit], greedy, use_tqdm=False)
-            assert llm.scheduler.block_manager.num_prefix_hits == 1
-            tokens[path] = [o.token_ids for o in outs[:3] + outs[4:]]
-            if path != "fused prologue":  # the draw does not depend on how K/V were written
-                draws[path] = [o.token_ids[0] for o in llm.generate([PROMPT] * len(singles), singles, use_tqdm=False)]
-            llm.exit()
+        args = {**ARGS, "max_model_len": 64}
+        llm = LLM(tiny_qwen3, **args, num_kvcache_blocks=256, seed=3, device="cpu", kernels=options)
+        outs = llm.generate(prompts + prompts[:1], [greedy] * 3 + [hot], use_tqdm=False)
+        outs += llm.generate([hit], greedy, use_tqdm=False)
+        assert llm.scheduler.block_manager.num_prefix_hits == 1
+        tokens[path] = [o.token_ids for o in outs[:3] + outs[4:]]
+        if path != "fused prologue":  # the draw does not depend on how K/V were written
+            draws[path] = [o.token_ids[0] for o in llm.generate([PROMPT] * len(singles), singles, use_tqdm=False)]
+        llm.exit()
         counts[path] = {name: len(c) for name, c in kernels.items()}
         monkeypatch.undo()
     assert tokens["triton store"] == tokens["torch"] and tokens["fused prologue"] == tokens["torch"]

@@ -7,6 +7,7 @@ run first on a copy of the namespace and must raise AssertionError; then the rea
 The notebook runs only as far as its last check: `pytest --nbval` runs every cell anyway.
 """
 
+import os
 import re
 import subprocess
 import sys
@@ -148,3 +149,17 @@ def test_chapter_ends_with_questions(path):
     assert 3 <= len(items) <= 6, f"{path.name}: {len(items)} numbered questions (3-6 wanted)"
     for item in items:
         assert "→" in item, f"{path.name}: question {item!r} does not point (→ §N) to where the chapter answers it"
+
+
+def test_shell_leaves_the_environment_alone(tmp_path, monkeypatch):
+    """The shell draws to Agg in this process only: `pytest --nbval` starts its kernels after these tests, from
+    this process's environment, and a kernel with MPLBACKEND=Agg displays no figure (its cells' image outputs
+    would then differ from the committed ones)."""
+    monkeypatch.delenv("MPLBACKEND", raising=False)
+    shell = NotebookShell(cwd=tmp_path)
+    try:
+        assert shell.run("import matplotlib; backend = matplotlib.get_backend()").error is None
+        assert shell.snapshot()["backend"].lower() == "agg"
+        assert "MPLBACKEND" not in os.environ
+    finally:
+        shell.close()

@@ -8,8 +8,7 @@ including the sampler's race inside the "graph". Tokens must equal the plain eag
 import pytest
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.cuda_graphs import DecodeGraphs
-from minivllm.utils import switches
+from minivllm.engine.cuda_graphs import DecodeGraphs, decode_step
 
 
 class EagerGraphs(DecodeGraphs):
@@ -33,7 +32,7 @@ def graph_engine(path: str, **kwargs) -> LLM:
     hidden = llm.config.hf_config.hidden_size
     r.graphs = EagerGraphs(max_num_seqs=8, hidden_size=hidden, dtype=r.dtype, device=r.device)
     r.buffers.clear_decode()
-    r.graphs.capture(r.decode_step)
+    r.graphs.capture(lambda bs: decode_step(r, bs))
     return llm
 
 
@@ -46,11 +45,10 @@ def test_graph_path_greedy_tokens_equal_eager(tiny_qwen3):
     eager = LLM(tiny_qwen3, kvcache_block_size=16, max_num_seqs=8)
     expected = [o.token_ids for o in eager.generate(PROMPTS, GREEDY, use_tqdm=False)]
     eager.exit()
-    with switches.override(triton_on_cpu=True):  # the sampler's Triton race inside the "graph"
-        llm = graph_engine(tiny_qwen3)
-        got = [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
-        graphs = llm.model_runner.graphs
-        llm.exit()
+    llm = graph_engine(tiny_qwen3, kernels=dict(triton_on_cpu=True))  # the sampler's Triton draw in the "graph"
+    got = [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+    graphs = llm.model_runner.graphs
+    llm.exit()
     assert got == expected
     assert graphs.replayed and set(graphs.replayed) <= {1, 2, 4, 8}  # padded to captured sizes
     assert 8 in graphs.replayed  # five sequences decode in the graph of eight: three padding rows
@@ -64,10 +62,9 @@ def test_graph_path_mixed_batch_keeps_greedy_rows(tiny_qwen3):
     expected = [o.token_ids for o in eager.generate(PROMPTS, GREEDY, use_tqdm=False)]
     eager.exit()
     sampled = SamplingParams(temperature=1.0, top_k=5, max_tokens=12, ignore_eos=True)
-    with switches.override(triton_on_cpu=True):
-        llm = graph_engine(tiny_qwen3)
-        out = llm.generate(PROMPTS, [GREEDY, sampled, GREEDY, sampled, GREEDY], use_tqdm=False)
-        llm.exit()
+    llm = graph_engine(tiny_qwen3, kernels=dict(triton_on_cpu=True))
+    out = llm.generate(PROMPTS, [GREEDY, sampled, GREEDY, sampled, GREEDY], use_tqdm=False)
+    llm.exit()
     assert [out[i].token_ids for i in (0, 2, 4)] == [expected[i] for i in (0, 2, 4)]
     assert [len(out[i].token_ids) for i in (1, 3)] == [12, 12]
 

@@ -13,6 +13,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP as HFQwen3MLP
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, Qwen3RotaryEmbedding, apply_rotary_pos_emb
 
 from conftest import assert_close
+from minivllm.kernels import KernelOptions, pick
 from minivllm.layers.activation import SiluAndMul
 from minivllm.layers.layernorm import RMSNorm
 from minivllm.layers.linear import (
@@ -24,7 +25,12 @@ from minivllm.layers.linear import (
 )
 from minivllm.layers.rotary_embedding import RotaryEmbedding, get_rope, rope_theta_of
 from minivllm.models.qwen3 import Qwen3MLP
-from minivllm.utils import switches
+from minivllm.utils.context import use_ops
+
+
+def ops(device: str = "cpu", **options):
+    """The kernel table an engine on `device` with these kernel options runs."""
+    return pick(device, options=KernelOptions(**options))
 
 
 @pytest.fixture(autouse=True)
@@ -97,9 +103,8 @@ def test_rmsnorm_triton_kernel_matches_torch(dtype, shape):
     norm = norm.to(TRITON_DEVICE)
     x = (3 * torch.randn(shape) + 1).to(dtype).to(TRITON_DEVICE)
     residual = torch.randn(shape).to(dtype).to(TRITON_DEVICE)
-    with switches.override(triton_on_cpu=False, compile=False):  # the torch definitions, eager
-        y_ref, (z_ref, r_ref) = norm(x), norm(x, residual)
-    with switches.override(triton_on_cpu=True, compile=None):
+    y_ref, (z_ref, r_ref) = norm(x), norm(x, residual)  # outside a step: the torch definitions, eager
+    with use_ops(ops(TRITON_DEVICE, triton_on_cpu=True)):
         y, (z, r) = norm(x), norm(x, residual)
     for got, want in ((y, y_ref), (z, z_ref), (r, r_ref)):
         assert got.shape == want.shape and got.dtype == want.dtype
@@ -113,27 +118,28 @@ def test_rmsnorm_triton_kernel_matches_torch(dtype, shape):
 def test_silu_and_mul_triton_kernel_matches_torch(dtype, shape):
     act = SiluAndMul()
     x = (2 * torch.randn(shape)).to(dtype).to(TRITON_DEVICE)
-    with switches.override(triton_on_cpu=False, compile=False):
-        want = act(x)
-    with switches.override(triton_on_cpu=True, compile=None):
+    want = act(x)
+    with use_ops(ops(TRITON_DEVICE, triton_on_cpu=True)):
         got = act(x)
     assert got.shape == (*shape[:-1], shape[-1] // 2) and got.dtype == dtype
     assert_close(got, want, **_triton_tolerance(dtype))
 
 
 def test_small_ops_route_to_triton_only_where_asked():
-    """CPU runs eager torch unless triton_on_cpu; the compile switch takes the torch.compile path instead."""
-    from minivllm.utils.compile import runs_triton
+    """A CPU engine's table runs the torch definitions (or C++) unless triton_on_cpu; the compile option takes the
+    torch.compile path instead, or eager torch; a GPU engine's runs our kernels and compiles the rest."""
+    from minivllm.kernels.triton import layernorm
 
-    x = torch.zeros(2, 4)
-    with switches.override(triton_on_cpu=False, compile=None):
-        assert not runs_triton(x)
-    with switches.override(triton_on_cpu=True, compile=None):
-        assert runs_triton(x)
-    with switches.override(triton_on_cpu=True, compile=True):
-        assert not runs_triton(x)
-    with switches.override(triton_on_cpu=True, compile=False):  # eager torch
-        assert not runs_triton(x)
+    assert ops(cpu_ops=False).rms_norm is None and not ops(cpu_ops=False).compile
+    assert ops(triton_on_cpu=True).rms_norm is layernorm.rms_norm
+    compiled = ops(triton_on_cpu=True, compile=True)
+    assert compiled.rms_norm is None and compiled.silu_and_mul is None and compiled.compile
+    eager = ops(triton_on_cpu=True, compile=False)
+    assert eager.rms_norm is None and not eager.compile
+    gpu = pick("cuda")  # a table only: nothing runs
+    assert gpu.rms_norm is layernorm.rms_norm and gpu.attention_prologue is not None and gpu.compile
+    with pytest.raises(ValueError, match="unknown kernel option"):
+        KernelOptions.of({"triton_on_gpu": True})
     with pytest.raises(ValueError, match="last dim 7 is odd"):
         SiluAndMul()(torch.zeros(2, 7))
 
@@ -147,17 +153,18 @@ def test_small_ops_run_triton_on_cuda_without_dynamo():
     norm, act = RMSNorm(64).cuda().bfloat16(), SiluAndMul()
     before = int(counters["stats"]["unique_graphs"])
     x = torch.randn(3, 64, device="cuda", dtype=torch.bfloat16)
-    norm(x), norm(x, x), act(torch.cat([x, x], dim=-1))
+    with use_ops(pick("cuda", torch.bfloat16)):
+        norm(x), norm(x, x), act(torch.cat([x, x], dim=-1))
     assert int(counters["stats"]["unique_graphs"]) == before
 
 
 @pytest.mark.slow
 def test_rmsnorm_compiled_matches_eager():
-    """The torch.compile path (nano-vllm's; the `compile` switch), forced on CPU for one small op."""
+    """The torch.compile path (nano-vllm's; the `compile` kernel option), forced on CPU for one small op."""
     norm, _ = _norms(16, torch.float32)
     x = torch.randn(4, 16)
     eager = norm(x)
-    with switches.override(compile=True):
+    with use_ops(ops(compile=True)):
         compiled = norm(x)
     assert_close(compiled, eager)
 

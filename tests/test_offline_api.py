@@ -13,17 +13,11 @@ from minivllm import LLM, SamplingParams
 from minivllm.engine.sequence import SequenceStatus
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import RequestOutputKind
-from minivllm.testing.tiny_model import CHAT_TEMPLATE, make_tiny_checkpoint
 
 ARGS = dict(kvcache_block_size=16, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=256)
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 _gen = torch.Generator().manual_seed(3)
 PROMPTS = [torch.randint(1, 512, (n,), generator=_gen).tolist() for n in (5, 12, 19, 26)]
-
-
-@pytest.fixture(scope="module")
-def chat_model(tmp_path_factory) -> str:
-    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("chat")), "qwen3", chat_template=CHAT_TEMPLATE)
 
 
 @pytest.fixture(scope="module")

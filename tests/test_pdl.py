@@ -1,14 +1,14 @@
-"""Programmatic dependent launch (minivllm/utils/pdl.py): off on CPU (the interpreter never sees it); on a
+"""Programmatic dependent launch (minivllm/kernels/triton/pdl.py): off on CPU (the interpreter never sees it); on a
 Hopper GPU the chain prologue -> paged decode -> split combine, captured in a CUDA graph with PDL, gives
 exactly what the same kernels give launched one after the other without it, and so does the whole engine."""
 
 import pytest
 import torch
 
-from minivllm.layers.attention_prologue import attention_prologue
-from minivllm.layers.paged_decode import paged_decode
+from minivllm.kernels.triton import pdl
+from minivllm.kernels.triton.attention_prologue import attention_prologue
+from minivllm.kernels.triton.paged_decode import paged_decode
 from minivllm.layers.rotary_embedding import RotaryEmbedding
-from minivllm.utils import pdl, switches
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -16,6 +16,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_pdl_is_off_on_cpu():
     x = torch.zeros(2)
     assert not pdl.enabled(x) and pdl.launch_kwargs(x) == {}
+    assert not pdl.enabled(x, False) and pdl.launch_kwargs(x, False) == {}
 
 
 @pytest.mark.gpu
@@ -35,18 +36,17 @@ def test_gpu_prologue_decode_chain_in_a_graph_equals_plain_launches(batch):
     qn, kn = torch.rand(D, device=dev, dtype=dt) + 0.5, torch.rand(D, device=dev, dtype=dt) + 0.5
     caches = torch.randn(layers, 2, batch * pages, page, Hkv, D, device=dev, dtype=dt)
 
-    def step(kv) -> list[torch.Tensor]:
+    def step(kv, use_pdl: bool = True) -> list[torch.Tensor]:
         outs = []
         for i in range(layers):
             q, _, _ = attention_prologue(
-                qkv[i], positions, rope.cos_sin_cache, H, Hkv, D, qn, kn, 1e-6, kv[i, 0], kv[i, 1], slots
+                qkv[i], positions, rope.cos_sin_cache, H, Hkv, D, qn, kn, 1e-6, kv[i, 0], kv[i, 1], slots, use_pdl
             )
-            outs.append(paged_decode(q, kv[i, 0], kv[i, 1], ctx, tables, D**-0.5))
+            outs.append(paged_decode(q, kv[i, 0], kv[i, 1], ctx, tables, D**-0.5, use_pdl=use_pdl))
         return outs
 
-    with switches.override(pdl=False):
-        plain_cache = caches.clone()
-        plain = step(plain_cache)
+    plain_cache = caches.clone()
+    plain = step(plain_cache, use_pdl=False)
     assert pdl.enabled(qkv) == (torch.cuda.get_device_capability()[0] >= 9)
     graph_cache = caches.clone()
     step(graph_cache.clone())  # compile before capture
@@ -69,9 +69,9 @@ def test_gpu_engine_tokens_with_and_without_pdl(tiny_qwen3):
     sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     runs = {}
     for on in (True, False):
-        with switches.override(pdl=on):
-            for eager in (True, False):
-                llm = LLM(tiny_qwen3, device="cuda", dtype="float32", enforce_eager=eager, max_model_len=256)
-                runs[on, eager] = [o.token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
-                llm.exit()
+        for eager in (True, False):
+            kw = dict(device="cuda", dtype="float32", enforce_eager=eager, max_model_len=256, kernels=dict(pdl=on))
+            llm = LLM(tiny_qwen3, **kw)
+            runs[on, eager] = [o.token_ids for o in llm.generate(prompts, sp, use_tqdm=False)]
+            llm.exit()
     assert runs[True, True] == runs[False, True] == runs[True, False] == runs[False, False]

@@ -7,6 +7,7 @@ chi-square machinery is minivllm/testing/stats.py (the engine-level tests use it
 import pytest
 import torch
 
+from minivllm.kernels import pick
 from minivllm.layers.sampler import Sampler, filter_top_k_top_p
 from minivllm.sampling_params import SamplingParams
 from minivllm.testing.stats import CHI2_999, chi2_gof, chi2_two_sample, fits, reference_probs
@@ -190,7 +191,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def test_cdf_greedy_rows_are_argmax_with_first_index_ties():
-    from minivllm.layers.sampler import inverse_cdf_sample
+    from minivllm.kernels.triton.sampler import inverse_cdf_sample
 
     g = torch.Generator().manual_seed(3)
     logits = torch.randint(0, 4, (6, 70), generator=g).float().to(DEVICE)  # many ties at the max, 18 tiles of 4
@@ -201,7 +202,7 @@ def test_cdf_greedy_rows_are_argmax_with_first_index_ties():
 
 
 def test_cdf_draw_does_not_depend_on_the_programs_and_the_seed_advances():
-    from minivllm.layers.sampler import inverse_cdf_sample
+    from minivllm.kernels.triton.sampler import inverse_cdf_sample
 
     logits = torch.randn(4, 100, generator=torch.Generator().manual_seed(1)).to(DEVICE, torch.bfloat16)
     temps = torch.tensor([1.0, 0.5, 2.0, 1.0], device=DEVICE)
@@ -224,7 +225,7 @@ def test_cdf_pick_at_the_ends_of_the_cdf(u, expected):
     are 1:1:1:1, so u < 0.5 takes the second and u = 0.5 (the CDF's step) the third."""
     import triton
 
-    from minivllm.layers.sampler import cdf_pick_kernel, cdf_tiles_kernel
+    from minivllm.kernels.triton.sampler import cdf_pick_kernel, cdf_tiles_kernel
 
     row = torch.full((1, 11), -float("inf"), device=DEVICE)  # V = 11: tiles of 4, the last one partial
     row[0, [2, 3, 5, 9]] = 0.0  # four tokens of equal mass, in three tiles; column 10 and the rest filtered
@@ -244,7 +245,7 @@ def test_cdf_pick_at_the_ends_of_the_cdf(u, expected):
 def test_cdf_samples_softmax_of_logits_over_t_across_tiles():
     """600 one-row draws over 7 tokens in tiles of 2, two of them filtered (-inf): chi-square against
     softmax(l / T), and the same test rejects softmax(l), which ignores T."""
-    from minivllm.layers.sampler import inverse_cdf_sample
+    from minivllm.kernels.triton.sampler import inverse_cdf_sample
 
     probs = torch.tensor([0.3, 0.0, 0.25, 0.2, 0.0, 0.15, 0.1], dtype=torch.float64)
     t = 0.5
@@ -261,7 +262,7 @@ def test_cdf_samples_softmax_of_logits_over_t_across_tiles():
 @pytest.mark.gpu
 def test_gpu_sampler_kernel_samples_p_and_greedy_rows():
     """On CUDA the Sampler takes the Triton race: the full chi-square tests, bf16 logits, mixed greedy rows."""
-    sampler = Sampler(seed=3).cuda()
+    sampler = Sampler(seed=3, device="cuda", ops=pick("cuda"))  # a GPU engine's: the kernels' draw
     logits = PROBS.log().float().repeat(N, 1).cuda()  # (N, V)
     ids = sampler(logits, torch.ones(N, device="cuda")).cpu()
     assert fits(chi2_gof(ids, PROBS))
@@ -279,7 +280,7 @@ def test_gpu_cdf_kernels_sample_across_qwen3s_vocabulary():
     whole row with every other column filtered (-inf) fit PROBS; and a dense row at T = 0.7 fits softmax(l / T)
     binned into 16 column ranges (the tiles' masses combined on one scale). Each test rejects the same draws
     against the wrong law."""
-    from minivllm.layers.sampler import inverse_cdf_sample
+    from minivllm.kernels.triton.sampler import inverse_cdf_sample
 
     V, n, seed = 151936, 4_000, torch.tensor([11], device="cuda")
     cols = torch.tensor([3, 1500, 20000, 40961, 77777, 100000, 140000, 151935])

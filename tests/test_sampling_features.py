@@ -315,7 +315,7 @@ def test_engine_checks_stop_token_ids_and_resolves_max_tokens_none(llm):
 
 def test_only_rows_that_need_more_leave_the_graph_sampler(llm):
     runner = llm.model_runner
-    seqs = lambda *sps: [Sequence([1, 2, 3], sp) for sp in sps]
+    seqs = lambda *sps: [scheduled(Sequence([1, 2, 3], sp)) for sp in sps]
     prep = lambda ss, in_graph=True: prepare_sampling(
         ss, runner.buffers, device=runner.device, eos=llm.eos, vocab=llm.vocab_size, in_graph=in_graph
     )
@@ -336,18 +336,26 @@ def test_only_rows_that_need_more_leave_the_graph_sampler(llm):
         assert not prep(seqs(hot, replace(hot, **kw))).plain, kw
     done = Sequence([1, 2, 3], replace(hot, min_tokens=1))
     done.append_token(4)  # min_tokens reached: plain again
-    assert prep([done]).plain
+    assert prep([scheduled(done)]).plain
+
+
+def scheduled(seq: Sequence) -> Sequence:
+    """`seq` as a step that computes all its tokens schedules it (so the step samples its next token)."""
+    seq.num_scheduled_tokens = seq.num_tokens
+    return seq
 
 
 @pytest.mark.gpu
-def test_gpu_plain_batches_keep_the_graph_sampler(tiny_qwen3):
+def test_gpu_plain_batches_keep_the_graph_sampler(tiny_qwen3, monkeypatch):
     """With CUDA graphs, decode steps of plain batches never call the eager sampling path; a penalised row
     does; the penalised tokens equal an eager engine's."""
+    from minivllm.engine import model_runner
+
     kw = dict(device="cuda", dtype="float32", num_kvcache_blocks=64, seed=5, **ARGS)
     graphed = LLM(tiny_qwen3, **kw)
     calls = []
-    original = graphed.model_runner.sample
-    graphed.model_runner.sample = lambda logits, s: calls.append(s) or original(logits, s)
+    original = model_runner.sample_tokens  # the eager sampling path
+    monkeypatch.setattr(model_runner, "sample_tokens", lambda *a: calls.append(a[2]) or original(*a))
     graphed.generate(P, SamplingParams(temperature=0.8, max_tokens=N, ignore_eos=True), use_tqdm=False)
     assert len(calls) == 1  # the prefill step only
     pen = greedy(repetition_penalty=1.5)

@@ -25,7 +25,6 @@ from minivllm import LLM, SamplingParams
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.entrypoints.cli import port_free, serve_main
 from minivllm.entrypoints.openai_server import ServerThread
-from minivllm.testing.tiny_model import CHAT_TEMPLATE, make_tiny_checkpoint
 from minivllm.utils.dist import free_port
 
 ARGS = dict(kvcache_block_size=16, max_model_len=256, max_num_seqs=16, max_num_batched_tokens=256)
@@ -34,11 +33,6 @@ NAME = "tiny"
 _gen = torch.Generator().manual_seed(11)
 IDS = [torch.randint(1, 512, (int(n),), generator=_gen).tolist() for n in torch.randint(3, 60, (64,), generator=_gen)]
 CONVERSATION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def chat_model(tmp_path_factory) -> str:
-    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("chat")), "qwen3", chat_template=CHAT_TEMPLATE)
 
 
 @pytest.fixture(scope="module")

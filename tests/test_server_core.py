@@ -21,7 +21,6 @@ from minivllm import LLM, SamplingParams
 from minivllm.engine.async_llm import AsyncLLM
 from minivllm.engine.core_client import AsyncMPClient
 from minivllm.entrypoints.openai_server import ServerThread
-from minivllm.testing.tiny_model import CHAT_TEMPLATE, make_tiny_checkpoint
 from minivllm.utils.dist import free_port
 
 BLOCK, BLOCKS = 16, 32
@@ -30,11 +29,6 @@ NAME = "tiny"
 _gen = torch.Generator().manual_seed(5)
 IDS = [torch.randint(1, 512, (int(n),), generator=_gen).tolist() for n in torch.randint(3, 40, (256,), generator=_gen)]
 CONVERSATION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def chat_model(tmp_path_factory) -> str:
-    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("chat")), "qwen3", chat_template=CHAT_TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -261,11 +255,12 @@ def test_a_killed_core_ends_every_stream_and_health_turns_503(chat_model):
             return events, time.monotonic()
 
         async def main():
-            started = asyncio.Event()
+            # the core dies as soon as every stream has its first chunk: 400 tokens later (under a second for
+            # this model on a GPU) none of them has finished
+            started = [asyncio.Event() for _ in range(8)]
             async with httpx.AsyncClient(timeout=60) as http:
-                tasks = [asyncio.create_task(one(http, i, started)) for i in range(8)]
-                await asyncio.wait_for(started.wait(), 60)
-                await asyncio.sleep(0.3)
+                tasks = [asyncio.create_task(one(http, i, started[i])) for i in range(8)]
+                await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
                 killed = time.monotonic()
                 os.kill(core.pid, signal.SIGKILL)
                 return killed, await asyncio.gather(*tasks)

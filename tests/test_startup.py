@@ -110,8 +110,6 @@ def test_gpu_nothing_compiles_after_start(gpu_bf16_qwen3):
 HELPER_PROCESS = """
 import json, sys
 from minivllm import LLM, SamplingParams
-from minivllm.engine import attention_compile
-spawned = attention_compile._helper is not None  # started by the import above
 from flash_attn.cute import cache_utils
 exports, export = [], cache_utils.JITPersistentCache._try_export_to_storage
 def recorded(self, key, fn):  # FlashAttention-4 exports each kernel it compiles
@@ -121,15 +119,15 @@ cache_utils.JITPersistentCache._try_export_to_storage = recorded
 llm = LLM(sys.argv[1], max_model_len=1024, max_num_batched_tokens=256, num_kvcache_blocks=64, dtype="bfloat16")
 phases = list(llm.model_runner.startup_seconds)
 outs = llm.generate([[5, 6, 7] * 50, [8] * 700], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
-print(json.dumps(dict(spawned=spawned, phases=phases, exports=len(exports), tokens=[o.token_ids for o in outs])))
+print(json.dumps(dict(phases=phases, exports=len(exports), tokens=[o.token_ids for o in outs])))
 llm.exit()
 """
 
 
 @pytest.mark.gpu
 def test_gpu_helper_process_compiles_the_kernel_prefills_run(gpu_bf16_qwen3, tmp_path):
-    """On an empty FlashAttention-4 disk cache, importing `minivllm.LLM` starts the helper process, the engine
-    sends it the stand-in and waits for it before sizing the KV cache; the kernel it put on disk is the one the
+    """On an empty FlashAttention-4 disk cache, the engine's runner starts the helper process first thing, sends it
+    the stand-in and waits for it before sizing the KV cache; the kernel it put on disk is the one the
     engine's attention warm-up and its prefills (short, chunked) then run: this process compiles none."""
     import json
     import os
@@ -138,13 +136,12 @@ def test_gpu_helper_process_compiles_the_kernel_prefills_run(gpu_bf16_qwen3, tmp
 
     cache = tmp_path / "fa4"
     env = dict(os.environ, FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=str(cache), FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="1")
-    env.pop("MINIVLLM_ATTENTION_COMPILE", None)
     out = subprocess.run(
         [sys.executable, "-c", HELPER_PROCESS, gpu_bf16_qwen3], env=env, capture_output=True, text=True, timeout=600
     )
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
-    assert r["spawned"] and "attention_process" in r["phases"], r
+    assert "attention_process" in r["phases"], r
     assert r["exports"] == 0, r  # nothing compiled here: the helper's kernel served every prefill
     assert len(list(cache.rglob("*.o"))) == 1
     assert [len(t) for t in r["tokens"]] == [4, 4]
@@ -173,14 +170,17 @@ def test_gpu_fa4_prefill_over_the_cache_equals_its_fresh_path(gpu_bf16_qwen3):
     reason="a CPU engine through the Triton interpreter, which minivllm turns on only without CUDA (on a GPU the "
     "kernels refuse CPU tensors); there test_gpu_nothing_compiles_after_start covers the warm-up",
 )
-def test_warmup_prefill_stores_into_a_stand_in_cache_and_restores_the_layers(tiny_qwen3):
-    """The GPU warm-up (engine/warmup.py), run on CPU through the Triton kernels: its prefill hands the layers
-    a one-block stand-in cache with every slot -1 (so the kernels compile their storing variant) and the
-    torch attention when the backend reads keys from the cache; afterwards every layer has its own cache and
-    backend back, the real cache is untouched, and the engine answers as before."""
-    from minivllm.engine import warmup
-    from minivllm.layers import attention_prologue
-    from minivllm.utils import switches
+def test_warmup_prefill_stores_into_a_stand_in_cache(tiny_qwen3):
+    """The GPU warm-up (engine/startup/warmup.py), run on CPU through the Triton kernels: its prefill hands the
+    layers a one-block stand-in cache with every slot -1 (so the kernels compile their storing variant) and, for
+    the step, the torch attention when the backend reads keys from the cache; afterwards the layers hold no cache
+    (the runner gives them the real one next) and keep their backend, the real cache is untouched, and the engine
+    answers as before once it has its cache back."""
+    from dataclasses import replace
+
+    from minivllm import kernels
+    from minivllm.engine.startup import warmup
+    from minivllm.utils.context import get_context
 
     llm = LLM(
         tiny_qwen3,
@@ -194,31 +194,30 @@ def test_warmup_prefill_stores_into_a_stand_in_cache_and_restores_the_layers(tin
     runner = llm.model_runner
     greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     before = [o.token_ids for o in llm.generate([[1, 2, 3], [4, 5]], greedy, use_tqdm=False)]
-    layers = runner.attn_layers
-    saved = [(m.backend, m.k_cache, m.v_cache) for m in layers]
+    layers, engine_ops = runner.attn_layers, runner.ops
+    backends = [m.backend for m in layers]
     runner.kv_cache.fill_(1.0)
-    seen, prologue = [], attention_prologue.attention_prologue
+    seen, gpu_path = [], kernels.pick("cpu", options=kernels.KernelOptions(triton_on_cpu=True))
 
     def recorded(qkv, positions, cos_sin_cache, **kwargs):
-        seen.append((tuple(kwargs["k_cache"].shape), kwargs["slot_mapping"].tolist(), layers[0].backend))
-        return prologue(qkv, positions, cos_sin_cache, **kwargs)
+        seen.append((tuple(kwargs["k_cache"].shape), kwargs["slot_mapping"].tolist(), get_context().attention_backend))
+        return gpu_path.attention_prologue(qkv, positions, cos_sin_cache, **kwargs)
 
     runner.prefill_keys_from_cache = True  # as with FlashAttention-4
-    attention_prologue.attention_prologue = recorded
+    runner.ops = replace(gpu_path, attention_prologue=recorded)
     try:
-        with switches.override(triton_on_cpu=True):
-            warmup.warmup_model(runner)
+        warmup.warmup_model(runner)
     finally:
-        attention_prologue.attention_prologue = prologue
-        runner.prefill_keys_from_cache = False
+        runner.ops, runner.prefill_keys_from_cache = engine_ops, False
     assert len(seen) == len(layers)
     shape, slots, backend = seen[0]
-    assert shape == (1, 16, *saved[0][1].shape[2:])  # one block
+    assert shape == (1, 16, *runner.kv_cache.shape[4:])  # one block
     assert set(slots) == {-1} and len(slots) == 64  # max_model_len tokens, none stored
     assert backend == "torch"
-    assert [(m.backend, m.k_cache, m.v_cache) for m in layers] == saved
+    assert [m.backend for m in layers] == backends and all(m.k_cache.numel() == 0 for m in layers)
     assert bool((runner.kv_cache == 1.0).all())  # the real cache was not written
     runner.kv_cache.zero_()
+    runner.bind_kv_cache(runner.kv_cache)
     llm.reset_prefix_cache()
     assert [o.token_ids for o in llm.generate([[1, 2, 3], [4, 5]], greedy, use_tqdm=False)] == before
     llm.exit()
@@ -226,11 +225,11 @@ def test_warmup_prefill_stores_into_a_stand_in_cache_and_restores_the_layers(tin
 
 @pytest.mark.parametrize("block_size,max_model_len", [(16, 2048), (256, 4096), (16, 20)])
 def test_attention_compile_ahead_makes_the_warmup_prefills_call(tiny_qwen3, monkeypatch, block_size, max_model_len):
-    """FlashAttention-4's kernel compiles ahead during start-up (engine/attention_compile.py), over a
+    """FlashAttention-4's kernel compiles ahead during start-up (engine/startup/attention_compile.py), over a
     stand-in cache; it must be the kernel warmup_attention's prefill then runs, so the stand-in must make the
     layers' call: the same dtypes, head counts, page size, tokens, batch and which arguments are given (what
     the kernel's compile key is made of). Both calls recorded with the torch backend on CPU."""
-    from minivllm.engine import attention_compile
+    from minivllm.engine.startup import attention_compile
     from minivllm.layers import attention_backend
 
     calls, prefill_paged = [], attention_backend.prefill_paged
@@ -259,7 +258,7 @@ def test_attention_compile_ahead_makes_the_warmup_prefills_call(tiny_qwen3, monk
         tiny_qwen3, device="cpu", kvcache_block_size=block_size, max_model_len=max_model_len, num_kvcache_blocks=20
     )
     runner = llm.model_runner
-    assert runner.attention_compile is None  # no thread on CPU
+    assert runner.compile_ahead.attention is None  # no thread on CPU
     runner.prefill_keys_from_cache = True  # as with FlashAttention-4
     monkeypatch.setattr(attention_backend, "prefill_paged", recorded)
     runner.warmup_attention()
@@ -275,29 +274,23 @@ def test_attention_compile_ahead_makes_the_warmup_prefills_call(tiny_qwen3, monk
 @pytest.fixture
 def fa4_cache(monkeypatch, tmp_path):
     """FlashAttention-4's disk-cache variables for one test (the module sets them with setdefault)."""
-    from minivllm.engine import attention_compile
-
     monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
     monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(tmp_path / "fa4"))
-    monkeypatch.setattr(attention_compile, "_helper", None)
     return tmp_path / "fa4"
 
 
-def test_attention_compile_helper_process_runs_the_stand_in_and_reports_failure(tiny_qwen3, fa4_cache, monkeypatch):
-    """The helper process (`python3 -m minivllm.engine.attention_compile`) imports, then gets the stand-in as a
-    JSON line on its stdin and runs it: here with the torch backend on CPU, where it must exit cleanly; a backend
-    it cannot run (FlashAttention-4 on CPU) makes wait() warn with the exit code and the helper's output (the
-    runner then compiles in its own warm-up), and so does a helper that does not finish in time (then stopped):
-    never a hang or an exception. The waiting helper is taken once."""
-    from minivllm.engine import attention_compile
+def test_attention_compile_helper_process_runs_the_stand_in_and_reports_failure(tiny_qwen3, fa4_cache):
+    """The helper process (`python3 -m minivllm.engine.startup.attention_compile`) imports, then gets the stand-in
+    as a JSON line on its stdin and runs it: here with the torch backend on CPU, where it must exit cleanly; a
+    backend it cannot run (FlashAttention-4 on CPU) makes wait() warn with the exit code and the helper's output
+    (the runner then compiles in its own warm-up), and so does a helper that does not finish in time (then
+    stopped): never a hang or an exception."""
+    from minivllm.engine.startup import attention_compile, attention_helper
 
     llm = LLM(tiny_qwen3, device="cpu", num_kvcache_blocks=8)
     config, cpu = llm.model_runner.config, torch.device("cpu")
-    waiting = attention_compile.spawn_helper()
-    monkeypatch.setattr(attention_compile, "_helper", waiting)
-    helper = attention_compile.claim_helper()
-    assert helper is waiting and attention_compile.claim_helper() is None  # one engine's only
-    ok = attention_compile.start(config, cpu, torch.float32, "process", backend="torch", helper=helper)
+    waiting = attention_helper.spawn_helper()
+    ok = attention_compile.start(config, cpu, torch.float32, "process", backend="torch", helper=waiting)
     assert ok.where == "process" and ok.helper is waiting
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -314,54 +307,54 @@ def test_attention_compile_helper_process_runs_the_stand_in_and_reports_failure(
     llm.exit()
 
 
-def test_unclaimed_helper_exits_on_its_own(fa4_cache, monkeypatch):
-    """A helper no engine asks for exits once its idle time is up, and one whose engine's process closed its
-    stdin exits at once, both without compiling: neither is left behind. An exited helper is not claimed."""
-    from minivllm.engine import attention_compile
+def test_a_helper_without_a_request_exits_on_its_own(fa4_cache):
+    """A helper whose engine sends nothing exits once its idle time is up, and one whose engine's process closed
+    its stdin exits at once, both without compiling: neither is left behind."""
+    from minivllm.engine.startup import attention_helper
 
-    idle = attention_compile.spawn_helper(idle_s=0.5)
-    monkeypatch.setattr(attention_compile, "_helper", idle)
-    assert idle.process.wait(timeout=120) == attention_compile.NO_REQUEST
-    assert attention_compile.claim_helper() is None and idle.log.closed  # it had exited
-    closed = attention_compile.spawn_helper(idle_s=600)
+    idle = attention_helper.spawn_helper(idle_s=0.5)
+    assert idle.process.wait(timeout=120) == attention_helper.NO_REQUEST
+    idle.cancel()
+    assert idle.log.closed
+    closed = attention_helper.spawn_helper(idle_s=600)
     closed.process.stdin.close()
-    assert closed.process.wait(timeout=120) == attention_compile.NO_REQUEST
+    assert closed.process.wait(timeout=120) == attention_helper.NO_REQUEST
     closed.cancel()
 
 
 def test_an_engine_stops_the_helper_it_does_not_use(tiny_qwen3, fa4_cache, monkeypatch):
-    """The helper serves the first engine that starts: one that compiles no FlashAttention-4 kernel (a CPU engine
-    here) stops it, and one whose start-up fails after sending it the stand-in stops it too; neither leaves it
-    compiling beside the next engine's KV-cache sizing."""
-    from minivllm.engine import attention_compile
+    """An engine that started a helper but compiles no FlashAttention-4 kernel (its backend is torch's here) stops
+    it, and one whose start-up fails after sending it the stand-in stops it too; neither leaves it compiling
+    beside the next engine's KV-cache sizing."""
     from minivllm.engine.model_runner import ModelRunner
+    from minivllm.engine.startup import attention_compile
     from minivllm.layers import attention_backend
 
-    unused = attention_compile.spawn_helper()
-    monkeypatch.setattr(attention_compile, "_helper", unused)
-    LLM(tiny_qwen3, device="cpu", num_kvcache_blocks=8).exit()
-    assert unused.process.poll() is not None and attention_compile._helper is None
-
-    sent = attention_compile.spawn_helper()
-    monkeypatch.setattr(attention_compile, "_helper", sent)
+    spawned, spawn = [], attention_compile.spawn_helper
+    monkeypatch.setattr(attention_compile, "spawn_helper", lambda **kw: spawned.append(spawn(**kw)) or spawned[-1])
     monkeypatch.setattr(attention_compile, "fa4_expected", lambda device, dtype, name: True)
+    LLM(tiny_qwen3, device="cpu", num_kvcache_blocks=8).exit()  # "auto", an empty disk cache: a helper
+    assert len(spawned) == 1 and spawned[0].process.poll() is not None and spawned[0].log.closed
+
     monkeypatch.setattr(attention_backend, "select", lambda device, dtype, name: "fa4")
 
     def fails(self):
-        assert self.attention_compile.helper is sent  # the stand-in went to the helper
+        assert self.compile_ahead.attention.helper is spawned[-1]  # the stand-in went to the helper
         raise RuntimeError("the checkpoint is broken")
 
     monkeypatch.setattr(ModelRunner, "load_model", fails)
     with pytest.raises(RuntimeError, match="the checkpoint is broken"):
         LLM(tiny_qwen3, device="cpu", num_kvcache_blocks=8)
-    assert sent.process.poll() is not None and sent.process.stdin.closed and sent.log.closed
+    sent = spawned[-1]
+    assert len(spawned) == 2 and sent.process.poll() is not None and sent.process.stdin.closed and sent.log.closed
 
 
-def test_helper_starts_where_a_first_engine_would_compile(fa4_cache, monkeypatch):
-    """`minivllm.llm`'s import starts a helper only in a user's process (not a helper, not a spawned worker) with
-    CUDA and FlashAttention-4 installed and its disk cache on and without a kernel ("auto"), or on ("process")."""
-    from minivllm.engine import attention_compile
-    from minivllm.utils import switches
+def test_where_the_attention_kernel_compiles(tiny_qwen3, fa4_cache, monkeypatch):
+    """ "auto": rank 0 sends it to a helper process while FlashAttention-4's disk cache is on and holds no kernel,
+    else to a thread (the tensor-parallel workers always); the option can force either or turn both off; nothing
+    ahead where FlashAttention-4 will not be the backend."""
+    from minivllm.engine.startup import attention_compile
+    from minivllm.kernels import KernelOptions
 
     def no_flash_attn(name):
         raise ModuleNotFoundError("No module named 'flash_attn'")  # what find_spec does without the package
@@ -369,77 +362,28 @@ def test_helper_starts_where_a_first_engine_would_compile(fa4_cache, monkeypatch
     with monkeypatch.context() as m:
         m.setattr(attention_compile.importlib.util, "find_spec", no_flash_attn)
         assert attention_compile.fa4_installed() is False  # an answer, not an error
-    spawned = []
-    monkeypatch.setattr(attention_compile, "spawn_helper", lambda: spawned.append(1))
-    monkeypatch.setattr(attention_compile.torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(attention_compile, "fa4_installed", lambda: True)
-
-    def starts(**change) -> bool:
-        """Whether start_helper spawns, with every condition met but `change` (a monkeypatch each)."""
-        spawned.clear()
-        with monkeypatch.context() as m:
-            for name, value in change.items():
-                if name == "env":
-                    m.setenv(*value)
-                else:
-                    m.setattr(*value)
-            attention_compile.start_helper()
-        return spawned == [1]
-
-    with switches.override(attention_compile="auto"):
-        assert starts()
-        assert not starts(cuda=(attention_compile.torch.cuda, "is_available", lambda: False))
-        assert not starts(fa4=(attention_compile, "fa4_installed", lambda: False))
-        assert not starts(env=(attention_compile.HELPER_ENV, "1"))  # a helper starts none of its own
-        worker = (attention_compile.multiprocessing, "parent_process", lambda: object())
-        assert not starts(worker=worker)  # a spawned tensor-parallel worker neither
-        assert not starts(env=("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "0"))  # its kernel would be lost
-        assert not starts(helper=(attention_compile, "_helper", object()))  # one is there
-        fa4_cache.mkdir(parents=True)
-        (fa4_cache / "kernel.o").write_bytes(b"kernel")
-        assert not starts()  # the disk cache holds a kernel: a thread will load it
-    with switches.override(attention_compile="process"):
-        assert starts()  # forced, kernel or not
-    for mode in ("thread", "off"):
-        with switches.override(attention_compile=mode):
-            assert not starts()
-
-
-def test_where_the_attention_kernel_compiles(tiny_qwen3, fa4_cache, monkeypatch):
-    """ "auto": this process's helper while it waits, exports where the engine looks and FlashAttention-4's disk
-    cache holds no kernel, else a thread; the switch can force either or turn both off; nothing ahead where
-    FlashAttention-4 will not be the backend."""
-    from types import SimpleNamespace
-
-    from minivllm.engine import attention_compile
-    from minivllm.utils import switches
-
     tmp_path = fa4_cache
     llm = LLM(tiny_qwen3, device="cpu", num_kvcache_blocks=8)
     runner = llm.model_runner
-    assert runner.attention_compile is None  # CPU
+    assert runner.compile_ahead.attention is None and runner.compile_ahead.where is None  # CPU
     config, gpu = runner.config, torch.device("cuda", 0)
+    where = lambda mode="auto", rank=0: attention_compile.where_to_compile(config, gpu, torch.bfloat16, mode, rank)
     assert attention_compile.where_to_compile(config, runner.device, torch.bfloat16, "auto") is None
     monkeypatch.setattr(attention_compile, "fa4_expected", lambda device, dtype, name: True)
-    assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, "auto") == "thread"  # no helper
-    waiting = SimpleNamespace(waiting=lambda: True, cache_dir=str(tmp_path))
-    monkeypatch.setattr(attention_compile, "_helper", waiting)
-    assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, "auto") == "process"
+    assert where() == "process" and where(rank=1) == "thread"
     with monkeypatch.context() as m:
-        m.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(tmp_path / "elsewhere"))  # moved since it started
-        assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, "auto") == "thread"
-        m.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "0")
-        assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, "auto") == "thread"
+        m.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "0")  # a helper's kernel would be lost with it
+        assert where() == "thread"
     (tmp_path / "fingerprint").mkdir(parents=True)
     (tmp_path / "fingerprint" / "0123.lock").touch()  # a lock alone is no kernel
-    assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, "auto") == "process"
+    assert where() == "process"
     (tmp_path / "fingerprint" / "0123.o").write_bytes(b"kernel")
-    assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, "auto") == "thread"
+    assert where() == "thread"  # the disk cache holds a kernel: a thread loads it
     for mode in ("process", "thread"):
-        assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, mode) == mode
-    assert attention_compile.where_to_compile(config, gpu, torch.bfloat16, "off") is None
+        assert where(mode) == mode
+    assert where("off") is None
     with pytest.raises(ValueError, match="unknown attention_compile 'later'"):
-        switches.set(attention_compile="later")
+        KernelOptions(attention_compile="later")
     llm.exit()
 
 

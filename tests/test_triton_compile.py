@@ -1,4 +1,4 @@
-"""The Triton kernels a GPU engine compiles on threads at its start (minivllm/engine/triton_compile.py): the
+"""The Triton kernels a GPU engine compiles on threads at its start (minivllm/engine/startup/triton_compile.py): the
 stand-ins must launch the variants the engine's own launches need, so that nothing compiles on the runner's
 thread. On CPU, through the Triton interpreter, by comparing what each launch would specialise on; on a GPU, in a
 fresh process over an empty Triton cache, by which thread each compile ran on."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine import triton_compile
+from minivllm.engine.startup import triton_compile
 
 KERNELS = {  # the engine's Triton kernels on a GPU, by default (layers/)
     "_rms_norm_kernel",
@@ -63,15 +63,18 @@ def launches_recorded():
 )
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_stand_ins_launch_every_variant_the_engine_launches(tiny_qwen3, dtype, monkeypatch):
-    """A CPU engine running the GPU path's kernels through the interpreter (the `triton_on_cpu` switch, and our
-    paged decode kernel for decode): its warm-up prefill and sampler, then prefills, chunks and sampled decode
+    """A CPU engine running the GPU path's kernels through the interpreter (the `triton_on_cpu` kernel option, and
+    our paged decode kernel for decode): its warm-up prefill and sampler, then prefills, chunks and sampled decode
     steps launch no kernel variant the stand-ins do not, and the stand-ins launch all seven kernels."""
-    from minivllm.engine import warmup
-    from minivllm.layers import attention_backend
-    from minivllm.utils import switches
+    from dataclasses import replace
 
-    monkeypatch.setattr(attention_backend, "decode_kernel", lambda backend: "triton")
-    with switches.override(triton_on_cpu=True):
+    from minivllm import kernels
+    from minivllm.engine.startup import warmup
+    from minivllm.kernels.triton.paged_decode import paged_decode
+
+    options = kernels.KernelOptions(triton_on_cpu=True)
+    gpu_path = replace(kernels.pick("cpu", options=options), paged_decode=paged_decode)  # as with a flash backend
+    with kernels.override(gpu_path):
         llm = LLM(
             tiny_qwen3,
             device="cpu",
@@ -81,11 +84,13 @@ def test_stand_ins_launch_every_variant_the_engine_launches(tiny_qwen3, dtype, m
             max_num_batched_tokens=48,
             max_num_seqs=8,
             num_kvcache_blocks=32,
+            kernels=options,
         )
         runner = llm.model_runner
         hot = SamplingParams(temperature=0.8, max_tokens=3, ignore_eos=True)
         with launches_recorded() as engine:
             warmup.warmup_model(runner)
+            runner.bind_kv_cache(runner.kv_cache)  # the warm-up runs before the cache exists: it leaves none
             llm.generate([[1, 2, 3], list(range(5, 70)), [9] * 20], hot, use_tqdm=False)  # one prompt in chunks
         stand_ins = triton_compile.stand_in_launches(
             runner.config, runner.dtype, runner.device, sample=True, decode_kernel=True
@@ -98,22 +103,22 @@ def test_stand_ins_launch_every_variant_the_engine_launches(tiny_qwen3, dtype, m
     llm.exit()
 
 
-def test_the_switches_and_the_rank_choose_the_stand_ins(tiny_qwen3):
+def test_the_kernel_options_and_the_rank_choose_the_stand_ins(tiny_qwen3):
     """Only the kernels the engine will launch: none of the norms' and SiLU-mul's when torch.compile or eager
     torch runs them, no prologue when it is not fused, no decode kernel when the backend decodes itself, and the
     sampler's only on the rank that samples."""
     from minivllm.config import Config
-    from minivllm.utils import switches
 
-    config, cpu = Config(tiny_qwen3, device="cpu"), torch.device("cpu")
+    cpu = torch.device("cpu")
 
-    def names(**kwargs) -> list[str]:
+    def names(config=None, **kwargs) -> list[str]:
+        config = config or Config(tiny_qwen3, device="cpu")
         return [f.__name__ for f in triton_compile.stand_in_launches(config, torch.float32, cpu, **kwargs)]
 
     assert names(sample=True, decode_kernel=True) == ["norms", "silu_mul", "prologue", "decode", "sampler"]
     assert names(sample=False, decode_kernel=False) == ["norms", "silu_mul", "prologue"]
-    with switches.override(compile=False, fused_prologue=False):
-        assert names(sample=True, decode_kernel=True) == ["decode", "sampler"]
+    off = Config(tiny_qwen3, device="cpu", kernels=dict(compile=False, fused_prologue=False))
+    assert names(off, sample=True, decode_kernel=True) == ["decode", "sampler"]
 
 
 FRESH_PROCESS = """
@@ -142,7 +147,6 @@ def test_gpu_every_kernel_of_the_start_compiles_on_the_threads(tmp_path):
 
     model = make_tiny_checkpoint(str(tmp_path / "model"), "qwen3", dtype=torch.bfloat16, hidden_size=128, head_dim=64)
     env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))
-    env.pop("MINIVLLM_TRITON_COMPILE", None)
     out = subprocess.run(
         [sys.executable, "-c", FRESH_PROCESS, model], env=env, capture_output=True, text=True, timeout=600
     )

@@ -7,7 +7,7 @@ clients), and each request's tokens stream out as they are sampled.
     ------------------------------                --------------------------------
     generate(): tokenize + validate (its own      while running:
       tokenizer), commands.put(add) --------->      apply commands: add / abort     (between steps only)
-      await its asyncio.Queue                        outputs = engine.step()          (the GPU works here)
+      await its output collector                    outputs = engine.step()          (the GPU works here)
       yield each output  <-- call_soon_threadsafe -- deliver the outputs, one call per step
     abort() / closing the generator: put(abort)    no request: block on the command queue
 
@@ -25,12 +25,15 @@ import copy
 import queue
 import threading
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import torch
 
 from minivllm.engine.core_client import AsyncMPClient
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.messages import EngineDeadError, SchedulerStats
+from minivllm.engine.output_processor import RequestOutputCollector
+from minivllm.engine.processor import Processor
 from minivllm.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import SamplingParams
 
@@ -51,9 +54,10 @@ class AsyncLLM:
         already; either way the AsyncLLM owns it from now on (shutdown() stops it)."""
         self.engine = model if isinstance(model, LLMEngine) else LLMEngine(model, **engine_args)
         self.model, self.max_model_len = self.engine.config.model, self.engine.config.max_model_len
+        self.tokenizer_dir = self.engine.config.tokenizer or self.model
         self.tokenizer = copy.deepcopy(self.engine.tokenizer)  # the event loop's own: never shared across threads
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
-        self.streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # engine thread only
+        self.streams: dict[str, tuple[asyncio.AbstractEventLoop, RequestOutputCollector]] = {}  # engine thread only
         self.error: BaseException | None = None  # what stopped the engine thread, if it failed
         self.closed = False  # the engine thread has stopped (failed or shut down)
         self.thread = threading.Thread(target=self._run, name="minivllm-engine", daemon=True)
@@ -68,25 +72,19 @@ class AsyncLLM:
         iteration aborts the request."""
         if self.closed:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
-        return self._stream(self.engine.make_request(request_id, prompt, sampling_params, tokenizer=self.tokenizer))
+        return self._stream(
+            Processor.of(self.engine.config, self.tokenizer).process(request_id, prompt, sampling_params)
+        )
 
     async def _stream(self, request) -> AsyncIterator[RequestOutput]:
         request_id = request.request_id
-        stream: asyncio.Queue = asyncio.Queue()
+        stream = RequestOutputCollector(request.params.output_kind)  # merges DELTA outputs not yet taken
         self.commands.put(("add", request, asyncio.get_running_loop(), stream))
         if self.closed:  # it stopped meanwhile: nobody will read the command
             self._drain(EngineDeadError(f"the engine is not running: {self.error!r}"))
-        finished = False
-        try:
-            while not finished:
-                item = await stream.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
-        finally:
-            if not finished:  # the consumer went away (closed, cancelled, or an error): free its blocks
-                self.abort(request_id)
+        async with aclosing(stream.outputs(abort=lambda: self.abort(request_id))) as outputs:  # aborts at once
+            async for output in outputs:
+                yield output
 
     def abort(self, request_id: str | list[str]) -> None:
         """Abort requests (thread-safe; unknown ids are ignored): each open stream ends with a final output
@@ -156,7 +154,7 @@ class AsyncLLM:
             if command[0] == "add":
                 _, request, loop, stream = command
                 try:
-                    self.engine.queue_request(request)
+                    self.engine.add_request(request.request_id, request)
                 except (ValueError, TypeError) as e:  # e.g. a request id already in use
                     _send(loop, stream.put_nowait, e)
                 except BaseException as e:  # the engine failed: the thread stops, and this stream hears why
@@ -225,6 +223,6 @@ def _send(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
         pass
 
 
-def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+def _put_all(items: list[tuple[RequestOutputCollector, RequestOutput]]) -> None:
     for stream, output in items:
         stream.put_nowait(output)

@@ -64,7 +64,7 @@ class BlockManager:
         """On admission: reuse cached blocks for the longest matching prefix. Returns tokens reused."""
         assert not seq.block_table, "allocate_prefix is for a sequence that holds no blocks"
         h = -1
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and seq.sampling_params.prompt_logprobs is None:  # those score every position
             for i in range((seq.num_tokens - 1) // self.block_size):  # full blocks, never the last token
                 token_ids = self.block_tokens(seq, i)
                 h = self.compute_hash(token_ids, h)

@@ -32,6 +32,7 @@ class EngineCore:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.sent: dict[str, int] = {}  # request id -> output tokens sent so far
+        self.scoring: set[str] = set()  # requests whose prompt logprobs are still to be sent
         self.stopping = False
 
     def add(self, msg: m.AddRequest) -> m.RequestStep | None:
@@ -41,6 +42,8 @@ class EngineCore:
         except (ValueError, TypeError) as e:  # the front end validated; a duplicate id would still land here
             return m.RequestStep(msg.request_id, [], None, "error", str(e))
         self.sent[msg.request_id] = 0
+        if params.prompt_logprobs is not None:
+            self.scoring.add(msg.request_id)
         return None
 
     def abort(self, ids: list[str]) -> list[m.RequestStep]:
@@ -48,6 +51,7 @@ class EngineCore:
         self.engine.abort_request(ids)
         for rid in ids:
             del self.sent[rid]
+            self.scoring.discard(rid)
         return [m.RequestStep(rid, [], None, "abort") for rid in ids]
 
     def step(self) -> list[m.RequestStep]:
@@ -59,13 +63,27 @@ class EngineCore:
             start, end = seq.num_prompt_tokens + self.sent[rid], seq.num_known_tokens
             if end > start:
                 lps = seq.logprobs[self.sent[rid] : end - seq.num_prompt_tokens] if seq.logprobs is not None else None
-                steps.append(m.RequestStep(rid, seq.token_ids[start:end], _logprobs(lps)))
+                step = m.RequestStep(rid, seq.token_ids[start:end], _logprobs(lps))
+                step.prompt_logprobs = self._prompt_logprobs(rid, request)
+                steps.append(step)
                 self.sent[rid] = end - seq.num_prompt_tokens
         for rid, output in finished.items():
             c, sent = output.outputs[0], self.sent.pop(rid, 0)
             lps = c.logprobs[sent:] if c.logprobs is not None else None
-            steps.append(m.RequestStep(rid, c.token_ids[sent:], _logprobs(lps), c.finish_reason, c.stop_reason))
+            step = m.RequestStep(rid, c.token_ids[sent:], _logprobs(lps), c.finish_reason, c.stop_reason)
+            step.prompt_logprobs = self._prompt_logprobs(rid, output)
+            self.scoring.discard(rid)
+            steps.append(step)
         return steps
+
+    def _prompt_logprobs(self, rid: str, request) -> list | None:
+        """The prompt logprobs of `request` (a Request or its RequestOutput), once: with the first step that has
+        them all."""
+        scored = request.prompt_logprobs
+        if rid not in self.scoring or scored is None or len(scored) < len(request.prompt_token_ids):
+            return None
+        self.scoring.discard(rid)
+        return [None] + _logprobs(scored[1:])
 
     def stats(self) -> m.SchedulerStats:
         s = self.engine.scheduler
@@ -108,7 +126,8 @@ def run_engine_core(model: str, engine_args: dict, input_address: str, output_ad
     signal.signal(signal.SIGTERM, lambda *_: setattr(core, "stopping", True))
     c = engine.config
     ready = m.Ready(None, c.model, c.max_model_len, c.kvcache_block_size, c.num_kvcache_blocks, engine.vocab_size)
-    ready.eos_token_ids, ready.seed = list(engine.eos), c.seed
+    ready.eos_token_ids, ready.seed, ready.tensor_parallel_size = list(engine.eos), c.seed, c.tensor_parallel_size
+    ready.tokenizer = c.tokenizer or c.model
     out.send(enc.encode(ready))
     try:
         loop(core, inp, out, enc, dec, parent_pid)

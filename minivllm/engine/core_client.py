@@ -4,7 +4,7 @@ AsyncLLM's interface: `async for output in client.generate(prompt, params, reque
     API server process                                    engine-core process (core.py)
     event loop: HTTP, SSE   output thread                 LLMEngine stepping
     generate() --- AddRequest over ZMQ (PUSH) ----------> scheduler + model
-    its asyncio.Queue  <--- RequestOutputs <-- decode --- StepOutputs, one per step (PUSH)
+    its collector  <------- RequestOutputs <-- decode --- StepOutputs, one per step (PUSH)
                             detokenise, stop strings,
                             merge n children
 
@@ -21,18 +21,23 @@ import itertools
 import threading
 import weakref
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from contextlib import aclosing
 
 import zmq
 from transformers import AutoConfig
 
-from minivllm.config import load_tokenizer
+from minivllm.checkpoint import load_tokenizer
 from minivllm.engine import messages as m
 from minivllm.engine.core_process import CoreProcess
 from minivllm.engine.messages import EngineDeadError
-from minivllm.engine.output_processor import RequestState, make_state, request_output, update
-from minivllm.engine.requests import check_request
-from minivllm.inputs import parse_prompt
+from minivllm.engine.output_processor import (
+    RequestOutputCollector,
+    RequestState,
+    make_state,
+    request_output,
+    update,
+)
+from minivllm.engine.processor import Processor
 from minivllm.outputs import RequestOutput
 from minivllm.sampling_params import SamplingParams
 
@@ -52,12 +57,18 @@ class AsyncMPClient:
         self.closed, self.stopping = False, False  # the core is gone; shutdown() asked it to stop
         try:
             self.info = self.core.wait_ready()
-            self.tokenizer = load_tokenizer(model, AutoConfig.from_pretrained(model))
+            self.tokenizer = load_tokenizer(self.info.tokenizer, AutoConfig.from_pretrained(model))
         except BaseException:
             self.core.stop(timeout=10)
             self.core.close()
             raise
         self.model, self.max_model_len = self.info.model, self.info.max_model_len
+        self.tokenizer_dir = self.info.tokenizer
+        i = self.info  # the core's limits: requests are checked here, as the offline engine checks them
+        self.processor = Processor(
+            self.tokenizer, i.vocab_size, i.max_model_len, i.kvcache_block_size, i.num_kvcache_blocks,
+            i.tensor_parallel_size,
+        )  # fmt: skip
         self.thread = threading.Thread(target=self._run, name="minivllm-outputs", daemon=True)
         self.thread.start()
         this = weakref.ref(self)  # at exit, stop the core of a client still alive
@@ -76,18 +87,11 @@ class AsyncMPClient:
         token ids it tokenised off the event loop."""
         if self.closed:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
-        if not isinstance(request_id, str):
-            raise TypeError(f"request_id must be a string, got {type(request_id).__name__}")
-        params = sampling_params if sampling_params is not None else SamplingParams()
-        text, ids = parse_prompt(prompt)
-        ids = list(ids) if ids is not None else self.tokenizer.encode(text)
-        check_request(self.info, self.info.vocab_size, ids, params)
-        if params.max_tokens is None:
-            params = replace(params, max_tokens=self.max_model_len - len(ids))
-        return self._stream(request_id, text, ids, params)
+        request = self.processor.process(request_id, prompt, sampling_params)
+        return self._stream(request_id, request.prompt, request.prompt_token_ids, request.params)
 
     async def _stream(self, request_id: str, text, ids: list[int], params: SamplingParams):
-        queue: asyncio.Queue = asyncio.Queue()
+        queue = RequestOutputCollector(params.output_kind)  # merges DELTA outputs a slow consumer has not taken
         state = make_state(request_id, text, ids, params, self.tokenizer, asyncio.get_running_loop(), queue)
         with self.lock:
             if request_id in self.requests:
@@ -97,18 +101,10 @@ class AsyncMPClient:
             self.requests[request_id] = state
             for cid, child in state.children.items():
                 self.children[cid] = state
-                self.core.send(m.AddRequest.make(cid, ids, child.params))
-        finished = False
-        try:
-            while not finished:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
-        finally:
-            if not finished:  # the consumer went away (closed, cancelled, or an error): free its blocks
-                self.abort(request_id)
+                self.core.send(m.AddRequest.make(cid, ids, child.sampling_params))
+        async with aclosing(queue.outputs(abort=lambda: self.abort(request_id))) as outputs:  # aborts at once
+            async for output in outputs:
+                yield output
 
     def abort(self, request_id: str | list[str]) -> None:
         """Abort requests (thread-safe; unknown ids are ignored); the core frees their blocks."""
@@ -189,13 +185,15 @@ class AsyncMPClient:
                 state = self.children.get(step.request_id)
                 if state is None:  # aborted meanwhile
                     continue
-                if step.finish_reason == "error":
+                if step.finish_reason == "error":  # the core refused it: the request fails, its other children stop
                     self.requests.pop(state.request_id, None)
-                    [self.children.pop(cid, None) for cid in state.children]
+                    for cid in state.children:
+                        if self.children.pop(cid, None) is not None and cid != step.request_id:
+                            stopped.append(cid)
                     by_loop.setdefault(state.loop, []).append((state.queue, ValueError(step.stop_reason)))
                     continue
                 child = state.children[step.request_id]
-                if update(child, step):
+                if update(state, child, step):
                     stopped.append(step.request_id)
                 if child.finish_reason is not None:
                     del self.children[step.request_id]
@@ -241,7 +239,7 @@ def _send(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
 
 def _put_all(items: list) -> None:
     for target, item in items:
-        if isinstance(target, asyncio.Queue):
+        if isinstance(target, RequestOutputCollector):
             target.put_nowait(item)
         elif not target.done():
             target.set_exception(item) if isinstance(item, BaseException) else target.set_result(item)

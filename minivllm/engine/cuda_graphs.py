@@ -11,6 +11,9 @@ from collections.abc import Callable, Hashable
 
 import torch
 
+from minivllm.kernels.triton.paged_decode import num_splits
+from minivllm.utils.context import reset_context, set_context
+
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     """The captured batch sizes: 1, 2, 4, 8, then every multiple of 16, up to max_num_seqs."""
@@ -48,3 +51,56 @@ class DecodeGraphs:
 
     def replay(self, bs: int) -> None:
         self.graphs[bs].replay()
+
+
+def decode_graph_variant(batch: int, num_kv_heads: int) -> tuple[int, bool]:
+    """Which compiled kernels a decode graph of `batch` sequences launches: the same for two batch sizes unless
+    the decode attention's split count differs (its split and combine kernels) or one of them is 1 (Triton
+    specialises integer arguments equal to 1)."""
+    return num_splits(batch, num_kv_heads), batch == 1
+
+
+def capture(runner) -> DecodeGraphs:
+    """The decode graphs of the engine's ModelRunner `runner`: `decode_step` captured for every batch size."""
+    hf = runner.config.hf_config
+    graphs = runner.graphs = DecodeGraphs(
+        max_num_seqs=runner.config.max_num_seqs, hidden_size=hf.hidden_size, dtype=runner.dtype, device=runner.device
+    )
+    runner.buffers.clear_decode()
+    # only the first size of each kernel variant runs an eager warm-up before its capture
+    kv_heads = runner.attn_layers[0].num_kv_heads  # this rank's, as the decode kernel sees them
+    graphs.capture(lambda bs: decode_step(runner, bs), variant=lambda bs: decode_graph_variant(bs, kv_heads))
+    return graphs
+
+
+def decode_step(runner, bs: int) -> None:
+    """What the decode graph of batch `bs` runs, reading the runner's decode buffer. With one GPU the whole step:
+    feed the previous step's tokens, the model, the LM head, the sampler (its tokens land in `last_sampled`)."""
+    v, graphs = runner.buffers.decode, runner.graphs
+    # a fresh context per capture: what the layers derive from it (the page table) is made inside the graph
+    set_context(
+        False,
+        slot_mapping=v["slot_mapping"][:bs],
+        context_lens=v["context_lens"][:bs],
+        block_tables=v["block_tables"][:bs],
+        ops=runner.ops,
+    )
+    if runner.sample_in_graph:
+        runner.feed_pending(v["input_ids"][:bs], v["src"][:bs])
+    graphs.outputs[:bs] = runner.model(v["input_ids"][:bs], v["positions"][:bs])
+    if runner.sample_in_graph:
+        logits = runner.model.compute_logits(graphs.outputs[:bs])  # (bs, vocab)
+        runner.sampler.draw_kernels(logits, runner.buffers.temperatures[:bs], out=runner.last_sampled[:bs])
+    reset_context()
+
+
+def replay(runner, inp, need_logits: bool) -> torch.Tensor | None:
+    """A decode step of `runner` (a StepInput) by its graph: the logits of its sequences, or None when the graph
+    sampled and they are not needed (its tokens are in `runner.last_sampled`)."""
+    t = runner.buffers.upload_decode(inp)
+    if inp.src is not None and not runner.sample_in_graph:
+        runner.feed_pending(t["input_ids"], t["src"])
+    runner.graphs.replay(inp.input_ids.shape[0])
+    if runner.sample_in_graph and not need_logits:
+        return None
+    return runner.model.compute_logits(runner.graphs.outputs[: inp.num_seqs])

@@ -77,6 +77,8 @@ class Ready(msgspec.Struct, tag=True, array_like=True):
     vocab_size: int = 0
     eos_token_ids: list[int] = []
     seed: int | None = None
+    tensor_parallel_size: int = 1
+    tokenizer: str = ""  # the directory the core loaded its tokenizer from (the front end loads the same)
 
 
 class RequestStep(msgspec.Struct, array_like=True):
@@ -88,6 +90,8 @@ class RequestStep(msgspec.Struct, array_like=True):
     new_logprobs: list[list[tuple[int, float, int | None, str | None]]] | None = None
     finish_reason: str | None = None  # "stop", "length", "abort", or "error" (then stop_reason is the message)
     stop_reason: int | str | None = None
+    # once, when the prompt is scored: per prompt token, as new_logprobs (the actual token first); the first None
+    prompt_logprobs: list[list[tuple[int, float, int | None, str | None]] | None] | None = None
 
 
 class SchedulerStats(msgspec.Struct, array_like=True):

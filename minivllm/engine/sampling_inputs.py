@@ -10,9 +10,11 @@ import torch
 
 from minivllm.engine.sequence import PENDING, Sequence
 from minivllm.engine.step_inputs import InputBuffers
+from minivllm.layers.logits_processors import LogitsEdits, apply_logits_edits, bad_word_bans
 from minivllm.layers.logprobs import LogprobsTensors, add_sampled, raw_logprobs
 from minivllm.layers.penalties import apply_penalties, ban_tokens, token_counts
 from minivllm.layers.sampler import Sampler
+from minivllm.structured_outputs.bitmask import GrammarMask, apply_grammar_mask, grammar_mask
 
 
 @dataclass(slots=True)
@@ -33,9 +35,11 @@ class SamplingInputs:
     min_ps: torch.Tensor | None = None  # (B,) float32, 0 = off; None: no row uses min_p
     banned: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) (K,) int64 set to -inf (min_tokens)
     penalties: Penalties | None = None
+    edits: LogitsEdits | None = None  # allowed_token_ids, bad_words, logit_bias (layers/logits_processors.py)
     generators: dict[int, torch.Generator] = field(default_factory=dict)  # row -> its request's own generator
     logprob_rows: list[int] = field(default_factory=list)  # rows that asked for logprobs
     num_logprobs: int = 0  # top-k of those rows (the largest asked; each row keeps its own k on the host)
+    grammar: GrammarMask | None = None  # the token bitmask of the rows with structured outputs
 
     @property
     def plain(self) -> bool:
@@ -45,8 +49,10 @@ class SamplingInputs:
             and self.min_ps is None
             and self.banned is None
             and self.penalties is None
+            and self.edits is None
             and not self.generators
             and not self.logprob_rows
+            and self.grammar is None
         )
 
 
@@ -99,15 +105,48 @@ def prepare_sampling(
     ]
     if banned:
         out.banned = ints([i for i, _ in banned]), ints([t for _, t in banned])
-    penalised = [i for i in extra if sps[i].needs_history]
+    out.edits = logits_edits(seqs, extra, device)
+    penalised = [i for i in extra if sps[i].has_penalties]
     if penalised:
         out.penalties = penalties([seqs[i] for i in penalised], penalised, vocab, device)
-    out.generators = {
-        i: generator_of(seqs[i], device) for i in extra if sps[i].seed is not None and sps[i].temperature > 0
+    out.generators = {  # a prefill chunk that does not finish its prompt draws nothing from its stream
+        i: generator_of(seqs[i], device)
+        for i in extra
+        if sps[i].seed is not None and sps[i].temperature > 0 and finishes_prompt(seqs[i])
     }
     out.logprob_rows = [i for i in extra if sps[i].logprobs is not None]
     out.num_logprobs = max((sps[i].logprobs for i in out.logprob_rows), default=0)
+    out.grammar = grammar_mask(seqs, vocab, device)  # structured outputs (minivllm/structured_outputs)
     return out
+
+
+def logits_edits(seqs: list[Sequence], rows: list[int], device: torch.device) -> LogitsEdits | None:
+    """The (row, token) pairs that allowed_token_ids, bad_words and logit_bias touch in `rows` (None: none)."""
+    ints = lambda values: to_device(values, torch.int64, device)
+    e, allowed_rows, allowed, bias, banned = LogitsEdits(), [], [], [], []
+    for i in rows:
+        sp = seqs[i].sampling_params
+        if sp.allowed_token_ids:
+            allowed_rows.append(i)
+            allowed += [(i, t) for t in sp.allowed_token_ids]
+        if sp.bad_words_token_ids:
+            output = seqs[i].completion_token_ids
+            assert PENDING not in output, "bad words need every previous token: finish the step in flight first"
+            banned += [(i, t) for t in bad_word_bans(output, sp.bad_words_token_ids)]
+        bias += [(i, t, b) for t, b in (sp.logit_bias or {}).items()]
+    if allowed:
+        e.allowed_rows, e.allowed = ints(allowed_rows), (ints([i for i, _ in allowed]), ints([t for _, t in allowed]))
+    if banned:
+        e.banned = ints([i for i, _ in banned]), ints([t for _, t in banned])
+    if bias:
+        biases = to_device([b for _, _, b in bias], torch.float32, device)
+        e.bias = ints([i for i, _, _ in bias]), ints([t for _, t, _ in bias]), biases
+    return e if allowed or banned or bias else None
+
+
+def finishes_prompt(seq: Sequence) -> bool:
+    """This step computes the sequence's last token, so its sampled token is kept."""
+    return seq.num_computed_tokens + seq.num_scheduled_tokens >= seq.num_tokens
 
 
 def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -144,13 +183,18 @@ def penalties(seqs: list[Sequence], rows: list[int], vocab: int, device: torch.d
 def sample_tokens(
     sampler: Sampler, logits: torch.Tensor, s: SamplingInputs
 ) -> tuple[torch.Tensor, LogprobsTensors | None]:
-    """Tokens (B,) int64 from the step's logits (B, V), in vLLM's order: raw logprobs, min_tokens,
-    penalties, then the sampler (temperature, filters, the race; seeded rows from their own streams)."""
+    """Tokens (B,) int64 from the step's logits (B, V), in vLLM's order: the grammars' mask, raw logprobs,
+    allowed tokens, bad words and logit bias, min_tokens, penalties, then the sampler (temperature, filters, the
+    draw; seeded rows from their own streams)."""
+    if s.grammar is not None:
+        apply_grammar_mask(logits, s.grammar)  # in place: disallowed tokens -inf
     logprobs = None
     if s.logprob_rows:
         raw, logprobs = raw_logprobs(logits, s.logprob_rows, s.num_logprobs)
-    if s.banned is not None or s.penalties is not None:
+    if s.banned is not None or s.penalties is not None or s.edits is not None:
         logits = logits.float()  # (B, V), changed in place below
+        if s.edits is not None:
+            apply_logits_edits(logits, s.edits)
         if s.banned is not None:
             ban_tokens(logits, *s.banned)
         if (p := s.penalties) is not None:

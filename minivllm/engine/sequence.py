@@ -44,7 +44,7 @@ class Sequence:
         self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
-        # --- outputs (llm_engine.py) ---
+        # --- outputs (requests.py) ---
         self.generator = None  # torch.Generator of a seeded request, made on the engine's device at first use
         self.output_work = False  # something to do at each of its tokens (below, a stream, or children waiting)
         self.detokenizer = None  # Detokenizer when text is needed at every step (stop strings, streaming)

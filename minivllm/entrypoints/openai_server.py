@@ -36,12 +36,12 @@ from minivllm.entrypoints.tokens import add_token_routes
 from minivllm.inputs import is_token_ids
 from minivllm.utils.dist import free_port
 
-# How long an idle keep-alive connection stays open (uvicorn's and vLLM's default: 5 s). Longer here: the engine
-# thread shares this process's GIL, and a kernel compiling inside it (a bare machine's first requests) can hold
+# How long an idle keep-alive connection stays open (uvicorn's and vLLM's default: 5 s). Longer here: an engine
+# in this process (AsyncLLM without its own core process) shares the GIL, and a kernel compiling inside it can hold
 # the GIL for seconds. When the event loop resumes after such a stall it may run an expired keep-alive timer
 # before reading the client's next request, already in the socket: the connection is reset and the request is
 # lost without a line in the log. `scripts/serve_stall.py` shows it on CPU (a 7 s stall: 40 of 160 requests lost
-# with 5 s, none with 60 s; benchmarks/RESULTS.md, 2026-12-01).
+# with 5 s, none with 60 s; benchmarks/RESULTS.md).
 TIMEOUT_KEEP_ALIVE = 60.0
 
 # --- pieces of the responses -------------------------------------------------------------------------------
@@ -50,7 +50,7 @@ TIMEOUT_KEEP_ALIVE = 60.0
 def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) -> FastAPI:
     """The FastAPI app serving `llm` as `served_model_name`; with `owns_engine`, its shutdown stops the engine."""
     max_model_len = llm.max_model_len
-    tokens = TokenizerPool(llm.model, max_model_len)
+    tokens = TokenizerPool(llm.model, max_model_len, tokenizer=llm.tokenizer_dir)
     metrics = ServerMetrics(llm, served_model_name)
 
     @asynccontextmanager
@@ -84,8 +84,6 @@ def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) 
             raise BadRequest(
                 f"The model `{body.model}` does not exist (this server serves `{served_model_name}`)", "model", 404
             )
-        if body.logit_bias:
-            raise BadRequest("logit_bias is not supported", "logit_bias")
 
     @app.get("/health")
     async def health() -> Response:
@@ -125,7 +123,7 @@ def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) 
         except EngineDeadError as e:
             return error_response(str(e), status=500)
         echo = [p if isinstance(p, str) else await tokens.decode(p) for p in prompts] if body.echo else None
-        run = Completions(body, rid, served_model_name, streams, echo)
+        run = Completions(body, rid, served_model_name, streams, echo, tokenizer=llm.tokenizer)
         if body.stream:
             return StreamingResponse(run.stream(), media_type="text/event-stream")
         return await until_disconnect(raw, run.full())

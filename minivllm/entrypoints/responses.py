@@ -1,15 +1,18 @@
 """The bodies of the OpenAI-compatible server's answers (openai_server.py): a request's engine streams merged
 into one response, or turned into server-sent-event chunks, in OpenAI's shapes with vLLM's additions (usage in
-every response, `stop_reason`, logprobs as OpenAI lays them out for completions and for chat)."""
+every response, `stop_reason`, logprobs as OpenAI lays them out for completions and for chat, the prompt's
+logprobs first with `echo`, and `echo` with max_tokens 0 answering the prompt scored)."""
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
+import msgspec
 from fastapi.responses import JSONResponse
 
 from minivllm.engine.messages import EngineDeadError
+from minivllm.entrypoints.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs_part
 from minivllm.outputs import CompletionOutput, RequestOutput
 
 
@@ -19,12 +22,22 @@ def error_response(message: str, param: str | None = None, status: int = 400) ->
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
 
 
-def sse(data) -> str:
-    return f"data: {json.dumps(data) if not isinstance(data, str) else data}\n\n"
+_json = msgspec.json.Encoder()  # a chunk's JSON several times faster than json.dumps (one chunk per token)
+
+
+def sse(data) -> bytes:
+    return b"data: " + (_json.encode(data) if not isinstance(data, str) else data.encode()) + b"\n\n"
 
 
 async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """(i, output) from several streams as they come. Leaving early closes every stream (aborting its request)."""
+    if len(streams) == 1:  # the common case: no task and queue between the stream and its reader
+        try:
+            async for output in streams[0]:
+                yield 0, output
+        finally:
+            await streams[0].aclose()
+        return
     queue: asyncio.Queue = asyncio.Queue()
     end = object()
 
@@ -60,37 +73,6 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     )
 
 
-def token_text(lp, token: int, as_ids: bool) -> str:
-    return f"token_id:{token}" if as_ids else lp.decoded_token
-
-
-def completion_logprobs(c: CompletionOutput, k: int, offset: int, as_ids: bool) -> dict:
-    """OpenAI's completions logprobs of the tokens of `c`; text offsets start at `offset`."""
-    out = dict(text_offset=[], token_logprobs=[], tokens=[], top_logprobs=[])
-    for token, step in zip(c.token_ids, c.logprobs):
-        text = token_text(step[token], token, as_ids)
-        out["text_offset"].append(offset)
-        out["token_logprobs"].append(step[token].logprob)
-        out["tokens"].append(text)
-        out["top_logprobs"].append(
-            {token_text(lp, t, as_ids): lp.logprob for t, lp in step.items() if t == token or lp.rank <= k}
-        )
-        offset += len(text)
-    return out
-
-
-def chat_logprobs(c: CompletionOutput, k: int, as_ids: bool) -> dict:
-    """OpenAI's chat logprobs: per token its text, logprob, UTF-8 bytes and the top k."""
-    entry = lambda text, lp: dict(token=text, logprob=lp, bytes=list(text.encode()))
-    content = []
-    for token, step in zip(c.token_ids, c.logprobs):
-        top = sorted(((lp.rank, t, lp) for t, lp in step.items() if lp.rank <= k), key=lambda x: x[0])
-        item = entry(token_text(step[token], token, as_ids), step[token].logprob)
-        item["top_logprobs"] = [entry(token_text(lp, t, as_ids), lp.logprob) for _, t, lp in top[:k]]
-        content.append(item)
-    return dict(content=content)
-
-
 # --- the app -----------------------------------------------------------------------------------------------
 
 
@@ -99,8 +81,11 @@ class Completions:
 
     object, chunk_object = "text_completion", "text_completion"
 
-    def __init__(self, body, rid: str, model: str, streams: list, echo: list[str] | None) -> None:
+    def __init__(self, body, rid: str, model: str, streams: list, echo: list[str] | None, tokenizer=None) -> None:
         self.body, self.rid, self.model, self.streams, self.echo = body, rid, model, streams, echo
+        self.tokenizer = tokenizer  # decodes the first prompt token of an echo with logprobs
+        self.score_only = getattr(body, "score_only", False)  # echo with max_tokens 0: the prompt, scored
+        self.prompts: dict[int, RequestOutput] = {}  # prompt i's first output (its prompt logprobs)
         self.created = int(time.time())
         self.n = body.n
         self.prompt_tokens = 0
@@ -110,24 +95,35 @@ class Completions:
     def head(self, obj: str) -> dict:
         return dict(id=self.rid, object=obj, created=self.created, model=self.model)
 
-    def logprobs(self, choice: int, c: CompletionOutput):
-        if self.body.logprobs is None:
+    def logprobs(self, i: int, c: CompletionOutput, echo: bool):
+        """The choice's logprobs: with echo, in its first chunk, the prompt's first (vLLM's shape)."""
+        k, as_ids = self.body.logprobs, self.body.return_tokens_as_token_ids
+        if k is None:
             return None
-        lp = completion_logprobs(
-            c, self.body.logprobs, self.text_len.get(choice, 0), self.body.return_tokens_as_token_ids
-        )
-        return lp
+        index = i * self.n + c.index
+        prompt = self.prompts.get(i)
+        if not (echo and prompt is not None and prompt.prompt_logprobs):
+            return completion_logprobs(c, k, self.text_len.get(index, 0), as_ids)
+        head = prompt_logprobs_part(prompt, k, as_ids, self.tokenizer)
+        tail = completion_logprobs(c, k, sum(map(len, head["tokens"])), as_ids)
+        return {key: head[key] + tail[key] for key in head}
 
     def choice(self, i: int, c: CompletionOutput) -> dict:
         index = i * self.n + c.index
-        text = (self.echo[i] if self.echo and index not in self.text_len else "") + c.text  # echo: first chunk
-        choice = dict(index=index, text=text, logprobs=self.logprobs(index, c))
+        if self.score_only:  # the one token run to score the prompt is not part of the answer
+            c = replace(c, text="", token_ids=[], logprobs=[] if c.logprobs is not None else None)
+            c.finish_reason, c.stop_reason = ("length", None) if c.finish_reason else (None, None)
+        echo = bool(self.echo) and index not in self.text_len  # echo: in the first chunk
+        text = (self.echo[i] if echo else "") + c.text
+        choice = dict(index=index, text=text, logprobs=self.logprobs(i, c, echo))
         self.text_len[index] = self.text_len.get(index, 0) + len(text)
         return dict(**choice, finish_reason=c.finish_reason, stop_reason=c.stop_reason)
 
-    def count(self, output: RequestOutput, first: bool) -> None:
+    def count(self, i: int, output: RequestOutput, first: bool) -> None:
+        if first:
+            self.prompts[i] = output
         self.prompt_tokens += len(output.prompt_token_ids) if first else 0
-        self.completion_tokens += sum(len(c.token_ids) for c in output.outputs)
+        self.completion_tokens += 0 if self.score_only else sum(len(c.token_ids) for c in output.outputs)
 
     async def full(self) -> dict | JSONResponse:
         try:
@@ -138,7 +134,7 @@ class Completions:
             return error_response(str(e), status=500)
         choices = []
         for i in sorted(results):
-            self.count(results[i], True)
+            self.count(i, results[i], True)
             choices += [self.choice(i, c) for c in results[i].outputs]
         return self.response(sorted(choices, key=lambda c: c["index"]))
 
@@ -153,7 +149,7 @@ class Completions:
             async for i, output in merge(self.streams):
                 first = i not in seen
                 seen.add(i)
-                self.count(output, first)
+                self.count(i, output, first)
                 for chunk in self.chunks(i, output, first):
                     if continuous:
                         chunk["usage"] = usage(self.prompt_tokens, self.completion_tokens)

@@ -16,14 +16,14 @@ import time
 _tokenizer = None  # the worker process's own
 
 
-def _load(model: str, parent: int) -> None:
+def _load(model: str, tokenizer: str, parent: int) -> None:
     global _tokenizer
     from transformers import AutoConfig
 
-    from minivllm.config import load_tokenizer
+    from minivllm.checkpoint import load_tokenizer
 
     threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
-    _tokenizer = load_tokenizer(model, AutoConfig.from_pretrained(model))
+    _tokenizer = load_tokenizer(tokenizer, AutoConfig.from_pretrained(model))
 
 
 def _exit_with(parent: int) -> None:
@@ -34,8 +34,10 @@ def _exit_with(parent: int) -> None:
 
 
 def _fits(ids: list[int], max_model_len: int) -> list[int]:
-    if len(ids) >= max_model_len:  # requests.check_request's words: the server names the field from them
-        raise ValueError(f"prompt of {len(ids)} tokens leaves no room for output within max_model_len {max_model_len}")
+    from minivllm.engine.processor import no_room  # the engine's words: the server names the field from them
+
+    if len(ids) >= max_model_len:
+        raise ValueError(no_room(len(ids), max_model_len))
     return ids
 
 
@@ -55,11 +57,12 @@ def _decode(ids: list[int]) -> str:
 
 
 class TokenizerPool:
-    def __init__(self, model: str, max_model_len: int, workers: int = 2) -> None:
+    def __init__(self, model: str, max_model_len: int, workers: int = 2, tokenizer: str | None = None) -> None:
+        """Workers with the tokenizer of checkpoint `model` (or of the directory `tokenizer`)."""
         self.max_model_len, self.workers = max_model_len, workers
         ctx = mp.get_context("spawn")
         self.pool = concurrent.futures.ProcessPoolExecutor(
-            workers, mp_context=ctx, initializer=_load, initargs=(model, os.getpid())
+            workers, mp_context=ctx, initializer=_load, initargs=(model, tokenizer or model, os.getpid())
         )
 
     async def warm_up(self) -> None:

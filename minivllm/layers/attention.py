@@ -4,16 +4,28 @@ query per sequence). Notebook 08 builds it; notebook 07 the online softmax the k
 
 The layer owns the cache write on both of its paths: `forward(q, k, v)` stores k/v itself (nano-vllm's
 path), and `forward_fused(qkv, ...)` runs the fused prologue kernel (QK-norm, RoPE and the store in one
-launch, GPU), so the model never touches the cache or the step context."""
+launch, GPU), so the model never touches the cache or the step context. The store, the prologue and the
+decode kernel are the engine's (the step context's kernel table, minivllm/kernels)."""
 
 import torch
 from torch import nn
 
-from minivllm.layers import attention_backend, attention_prologue, cpu_ops
-from minivllm.layers.store_kvcache import store_kvcache
-from minivllm.layers.torch_attention import store_kvcache_torch
+from minivllm.layers import attention_backend
 from minivllm.utils.context import Context, get_context
-from minivllm.utils.switches import triton_runs_on
+
+
+def store_kvcache_torch(
+    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """The store as masked index assignment: what the Triton kernel does, for CPU. (The Triton interpreter
+    copies every tensor argument, the whole cache included, on each launch: far too slow for an engine.)
+    The mask makes the shape data-dependent, which is why CUDA graphs need the kernel instead."""
+    slots = slot_mapping.long()
+    if bool((slots < 0).any()):  # -1 = padding, write nothing (a CPU step has none: it never pads)
+        valid = slots >= 0
+        slots, key, value = slots[valid], key[valid], value[valid]
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = key
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = value
 
 
 class Attention(nn.Module):
@@ -23,24 +35,21 @@ class Attention(nn.Module):
         self.head_dim = head_dim
         self.scale = scale
         self.num_kv_heads = num_kv_heads
-        self.k_cache = self.v_cache = torch.tensor(
-            []
-        )  # (num_blocks, block_size, kv_heads, head_dim), set by the runner
+        self.k_cache = self.v_cache = torch.tensor([])  # (num_blocks, block_size, kv_heads, head_dim), the runner's
         self.backend: str | None = None  # set by the runner (Config.attention_backend); None: fastest available
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: (N, num_heads, head_dim), k/v: (N, num_kv_heads, head_dim) -> (N, num_heads, head_dim)
         context = get_context()
-        if self.k_cache.numel() and self.v_cache.numel():  # Triton on GPU; C++ or index assignment on CPU
-            if triton_runs_on(self.k_cache):
-                store = store_kvcache
-            else:
-                store = cpu_ops.store_kvcache if cpu_ops.runs_on(self.k_cache) else store_kvcache_torch
+        if self.k_cache.numel() and self.v_cache.numel():
+            store = context.ops.store_kvcache or store_kvcache_torch
             store(k, v, self.k_cache, self.v_cache, context.slot_mapping)
         return self.attend(q, k, v, context)
 
-    def fuses_prologue(self, qkv: torch.Tensor) -> bool:
-        return attention_prologue.enabled(qkv)
+    @staticmethod
+    def fuses_prologue() -> bool:
+        """The engine's kernels do QK-norm, RoPE and the cache write in one (`forward_fused`)."""
+        return get_context().ops.attention_prologue is not None
 
     def forward_fused(
         self,
@@ -51,9 +60,9 @@ class Attention(nn.Module):
         k_norm: nn.Module | None,
     ) -> torch.Tensor:
         """From the QKV projection's output (N, (H + 2 Hkv) * D): QK-norm (when given), RoPE and the cache
-        write in one kernel (layers/attention_prologue.py), then attention -> (N, num_heads, head_dim)."""
+        write in one kernel (kernels/triton/attention_prologue.py), then attention -> (N, num_heads, head_dim)."""
         context = get_context()
-        q, k, v = attention_prologue.attention_prologue(
+        q, k, v = context.ops.attention_prologue(
             qkv,
             positions,
             cos_sin_cache,
@@ -71,15 +80,18 @@ class Attention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: Context) -> torch.Tensor:
         """Attention for this step, the new K/V already in the cache."""
-        backend = self.backend or attention_backend.select(q.device, q.dtype)
-        k_cache, v_cache = self.k_cache, self.v_cache
+        backend = context.attention_backend or self.backend or attention_backend.select(q.device, q.dtype)
         if context.is_prefill:
             if context.block_tables is not None:  # keys come from the cache: q is shorter than k
                 return self.attend_paged(backend, q, context)
             return attention_backend.prefill(backend, q, k, v, context.cu_seqlens_q, context.max_seqlen_q, self.scale)
-        return attention_backend.decode(
-            backend, q, k_cache, v_cache, context.context_lens, self.tables(backend, context), self.scale
-        )
+        return self.decode(backend, q, context.context_lens, self.tables(backend, context), context)
+
+    def decode(self, backend: str, q: torch.Tensor, context_lens, block_tables, context: Context) -> torch.Tensor:
+        """One query per sequence: our decode kernel when the engine has one, else the backend's."""
+        if context.ops.paged_decode:
+            return context.ops.paged_decode(q, self.k_cache, self.v_cache, context_lens, block_tables, self.scale)
+        return attention_backend.decode(backend, q, self.k_cache, self.v_cache, context_lens, block_tables, self.scale)
 
     def attend_paged(self, backend: str, q: torch.Tensor, context: Context) -> torch.Tensor:
         """A prefill over the cache -> (N, H, D). Its first `num_decode_rows` rows (sequences that decode while
@@ -87,9 +99,7 @@ class Attention(nn.Module):
         d, tables = context.num_decode_rows, self.tables(backend, context)
         k_cache, v_cache = self.k_cache, self.v_cache
         if d:
-            decoded = attention_backend.decode(
-                backend, q[:d], k_cache, v_cache, context.context_lens[:d], tables[:d], self.scale
-            )
+            decoded = self.decode(backend, q[:d], context.context_lens[:d], tables[:d], context)
             if d == q.shape[0]:  # every row has one query
                 return decoded
         rows = context.prefill_rows(tables)

@@ -7,9 +7,9 @@ An engine asks `select(device, dtype, Config.attention_backend)` once: a name fo
 picks the fastest available. The runner hands the answer to each Attention layer, so two engines in one
 process can use different backends.
 
-Decode with the flash backends runs our Triton kernel (paged_decode.py: GQA-grouped, split-KV for small
-batches) unless the `decode_kernel` switch (`utils/switches.py`, MINIVLLM_DECODE_KERNEL=flash) asks for the
-backend's own."""
+Decode with the flash backends runs our Triton kernel instead of theirs (kernels/triton/paged_decode.py:
+GQA-grouped, split-KV for small batches; the engine's kernel table holds it) unless the `decode_kernel` kernel
+option asks for the backend's own; on CPU the C++ one when built."""
 
 import os
 import warnings
@@ -17,10 +17,8 @@ from functools import lru_cache
 
 import torch
 
-from minivllm.layers import cpu_ops, torch_attention
-from minivllm.layers.paged_decode import paged_decode
+from minivllm.layers import torch_attention
 from minivllm.utils.default_model import cache_root
-from minivllm.utils.switches import SWITCHES
 
 BACKENDS = ("flash_attn", "fa4", "torch")
 
@@ -42,9 +40,8 @@ def _fa2():
 
 def fa4_cache_env() -> None:
     """FlashAttention-4 compiles each kernel variant on first use (4-6 s on a bare machine); its own on-disk
-    cache keeps them for the next process. Off by default upstream: on here unless the user set it
-    (benchmarks/NOTES.md). Read when it is imported, so set before (engine/attention_compile.py's helper
-    process inherits it)."""
+    cache keeps them for the next process. Off by default upstream: on here unless the user set it. Read when
+    it is imported, so set before (engine/startup's helper process inherits it)."""
     os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
     os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", os.path.join(cache_root(), "flash_attention_cute"))
 
@@ -84,12 +81,6 @@ def select(device: torch.device | str, dtype: torch.dtype = torch.bfloat16, name
     if name not in available(device, dtype):
         raise RuntimeError(f"attention backend {name!r} is not available on {device} for {dtype}")
     return name
-
-
-def decode_kernel(backend: str) -> str:
-    """Which kernel runs decode attention for `backend`: the flash backends decode with our Triton kernel
-    unless the `decode_kernel` switch says "flash"."""
-    return SWITCHES.decode_kernel if backend in ("fa4", "flash_attn") else backend
 
 
 # --- the three calls the Attention layer makes -------------------------------------------------------
@@ -170,9 +161,8 @@ def prefill_paged(
 
 
 def decode(backend: str, q, k_cache, v_cache, context_lens, block_tables, scale: float) -> torch.Tensor:
-    """One query per sequence: q (B, H, D) -> (B, H, D). block_tables as in prefill_paged."""
-    if decode_kernel(backend) == "triton":
-        return paged_decode(q, k_cache, v_cache, context_lens, block_tables, scale)
+    """The backend's own decode, one query per sequence: q (B, H, D) -> (B, H, D). block_tables as in
+    prefill_paged."""
     if backend == "fa4":
         return _fa4()(
             q.unsqueeze(1),
@@ -193,7 +183,4 @@ def decode(backend: str, q, k_cache, v_cache, context_lens, block_tables, scale:
             softmax_scale=scale,
             causal=True,
         ).squeeze(1)
-    if cpu_ops.runs_on(q):  # CPU: one C++ call that reads the paged cache in place (layers/cpu_ops.py)
-        torch_attention.check_decode_shapes(q, k_cache, v_cache, context_lens, block_tables)
-        return cpu_ops.paged_decode(q, k_cache, v_cache, context_lens, block_tables, scale)
     return torch_attention.paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale)

@@ -6,7 +6,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from minivllm.layers import cpu_linear
+from minivllm.kernels.cpu import linear as cpu_linear
 from minivllm.utils.context import get_context
 from minivllm.utils.dist import divide, tp_rank, tp_size
 
@@ -55,13 +55,17 @@ class ParallelLMHead(VocabParallelEmbedding):
         if bias:
             raise NotImplementedError("ParallelLMHead: bias is not supported")
         super().__init__(num_embeddings, embedding_dim)
-        self.packed_weight: torch.Tensor | None = None  # CPU: the weight in oneDNN's layout (cpu_linear.py)
+        self.packed_weight: torch.Tensor | None = None  # CPU: the weight in oneDNN's layout (kernels/cpu/linear.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | None:
         context = get_context()
         if context.is_prefill:
             last_indices = context.cu_seqlens_q[1:] - 1  # last token of each sequence
             x = x[last_indices].contiguous()  # (num_seqs, hidden)
+        return self.project(x)
+
+    def project(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Logits (N, vocab) of every row of x (N, hidden), on rank 0 (prompt logprobs read every position)."""
         logits = cpu_linear.linear(x, self.weight, packed=self.packed_weight)  # (num_seqs, vocab / tp)
         if self.tp_size > 1:
             all_logits = [torch.empty_like(logits) for _ in range(self.tp_size)] if self.tp_rank == 0 else None

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minivllm.layers import cpu_linear
+from minivllm.kernels.cpu import linear as cpu_linear
 from minivllm.utils.dist import divide, tp_rank, tp_size
 
 
@@ -39,7 +39,7 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
-        self.packed_weight: torch.Tensor | None = None  # CPU: the weight in oneDNN's layout (cpu_linear.py)
+        self.packed_weight: torch.Tensor | None = None  # CPU: the weight in oneDNN's layout (kernels/cpu/linear.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.weight.shape[1]:

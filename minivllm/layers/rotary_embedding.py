@@ -6,8 +6,8 @@ from functools import lru_cache
 import torch
 from torch import nn
 
-from minivllm.layers import cpu_ops
 from minivllm.utils.compile import compiled
+from minivllm.utils.context import get_context
 
 
 def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -33,9 +33,10 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
         # positions: (N,), query: (N, num_heads, head_dim), key: (N, num_kv_heads, head_dim)
-        if cpu_ops.runs_on(query):  # CPU: the same arithmetic in one C++ call (layers/cpu_ops.py)
-            return cpu_ops.rotary(positions, query, key, self.cos_sin_cache)
-        return self.rotate(positions, query, key)
+        ops = get_context().ops
+        return (
+            ops.rotary(positions, query, key, self.cos_sin_cache) if ops.rotary else self.rotate(positions, query, key)
+        )
 
     @compiled
     def rotate(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):

@@ -34,6 +34,11 @@ def _sdpa(
     return o.transpose(1, 2).to(dtype)
 
 
+def capturing() -> bool:
+    """A CUDA graph is being captured on this stream: no host sync (no value read back, no data-dependent shape)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def causal_mask(q_len: int, k_len: int, device=None) -> torch.Tensor:
     """(q_len, k_len) bool, True = may attend: query i sits at absolute position k_len - q_len + i."""
     i = torch.arange(q_len, device=device)[:, None]
@@ -63,7 +68,7 @@ def check_paged(
     context_lens: torch.Tensor,
     block_tables: torch.Tensor,
 ) -> None:
-    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+    if capturing():
         return  # no host syncs inside a CUDA graph
     check_paged_shapes(q, k_cache, v_cache, context_lens, block_tables)
     check_tables(context_lens, block_tables, *k_cache.shape[:2])
@@ -122,20 +127,6 @@ def check_tables(context_lens: torch.Tensor, block_tables: torch.Tensor, num_blo
         )
 
 
-def store_kvcache_torch(
-    key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """The store as masked index assignment: what the Triton kernel does, for CPU. (The Triton interpreter
-    copies every tensor argument, the whole cache included, on each launch: far too slow for an engine.)
-    The mask makes the shape data-dependent, which is why CUDA graphs need the kernel instead."""
-    slots = slot_mapping.long()
-    if bool((slots < 0).any()):  # -1 = padding, write nothing (a CPU step has none: it never pads)
-        valid = slots >= 0
-        slots, key, value = slots[valid], key[valid], value[valid]
-    k_cache.view(-1, *k_cache.shape[2:])[slots] = key
-    v_cache.view(-1, *v_cache.shape[2:])[slots] = value
-
-
 def varlen_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float
 ) -> torch.Tensor:
@@ -183,17 +174,13 @@ def paged_prefill_attention(
     return o
 
 
-# --- decode: which cache rows a step reads, found once and shared by its layers ---------------------------
-
-
 @dataclass(slots=True)
 class DecodeGather:
     """The cache rows decode attention reads, and which of them each sequence may see: a function of the
-    context lengths, the block tables and the cache's block count and size alone. Every layer of a step
-    passes the same ones (only its cache differs), so the first layer builds this and the others find it
-    (two torch.equal, ~1 us each): the table checks and the index arithmetic are ~15 small ops, ~45 us on
-    CPU. Sharing them took bench.py --cpu's engine (SmolLM2, 30 layers x 64 decode steps) from 2.13 to
-    1.92 s in bf16 and from 2.77 to 2.62 s in fp32 (medians of 3 processes each, alternated)."""
+    context lengths, the block tables and the cache's block count and size alone. Every layer of a step passes
+    the same ones (only its cache differs), so the first layer builds this and the others find it (two
+    torch.equal, ~1 us each) instead of ~15 small ops (~45 us on CPU): bench.py --cpu's engine (SmolLM2, 30
+    layers x 64 decode steps) ~10% faster in bf16, ~5% in fp32."""
 
     context_lens: torch.Tensor  # (B,) int32, the values it was built from (a copy, on CPU)
     block_tables: torch.Tensor  # (B, M) int32, likewise
@@ -228,7 +215,7 @@ def decode_gather(
     if last is not None and last.fits(context_lens, block_tables, cache_blocks):
         return last
     width = block_tables.shape[1] * block_size  # keys the tables can reach: no host sync (a CUDA graph may hold this)
-    if not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+    if not capturing():
         check_tables(context_lens, block_tables, num_blocks, block_size)
         width = min(width, max(1, int(context_lens.max())))  # only the keys some sequence has (CPU: 5-10x less copying)
     pos = torch.arange(width, device=q.device)  # (L,)

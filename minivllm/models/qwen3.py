@@ -66,7 +66,7 @@ class Qwen3Attention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)  # (N, q_size + 2 kv_size)
-        if self.attn.fuses_prologue(qkv):  # GPU: QK-norm, RoPE and the KV-cache write in one kernel
+        if self.attn.fuses_prologue():  # the engine has QK-norm, RoPE and the KV-cache write in one kernel
             q_norm, k_norm = (self.q_norm, self.k_norm) if self.qk_norm else (None, None)
             o = self.attn.forward_fused(qkv, positions, self.rotary_emb.cos_sin_cache, q_norm, k_norm)
             return self.o_proj(o.flatten(1, -1))

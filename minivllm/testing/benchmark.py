@@ -17,7 +17,7 @@ import torch
 
 from minivllm.sampling_params import SamplingParams
 
-COPY_BW = 4.28e12  # bytes/s, device-to-device copy on the H200 (benchmarks/RESULTS.md)
+COPY_BW = 4.28e12  # bytes/s, device-to-device copy on the H200, as measured there
 MATMUL_FLOPS = 700e12  # bf16 dense matmul on the H200
 
 
@@ -157,14 +157,17 @@ def save_json(result: dict, out: str) -> None:
     print(f"wrote {out}")
 
 
+def decode_kernel(runner) -> str:
+    """Which kernel decodes: the torch backend's, ours (Triton) or the flash backend's own."""
+    return "torch" if runner.backend == "torch" else ("triton" if runner.ops.paged_decode else "flash")
+
+
 def engine_facts(llm, counter) -> dict:
     """What bench.py records of an engine it has just started: the seconds of each start-up phase, the attention
     backend and decode kernel, the KV cache's blocks, the GPU, and the Triton compiles `counter` (a
     CompileCounter made before the engine) saw in init: [kernel, seconds, thread] and [kernel, specialisation
     key] each, and how many ran on the main thread (the engine compiles its kernels on threads of its own, so a
     compile there is one the start waited for). The one reader of engine internals for bench.py."""
-    from minivllm.layers import attention_backend
-
     runner = llm.model_runner
     compiles = [
         [name, round(s, 3), thread]
@@ -176,7 +179,7 @@ def engine_facts(llm, counter) -> dict:
         init_triton_keys=[[name, key] for name, key in zip(counter.triton_kernels, counter.triton_keys)],
         init_main_thread_compiles=sum(thread == threading.main_thread().name for _, _, thread in compiles),
         backend=runner.backend,
-        decode_kernel=attention_backend.decode_kernel(runner.backend),
+        decode_kernel=decode_kernel(runner),
         kv_cache_blocks=llm.config.num_kvcache_blocks,
         device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
     )

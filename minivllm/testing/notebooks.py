@@ -115,7 +115,8 @@ class NotebookShell:
     copy of the namespace (a shallow copy: names are restored, objects a cell mutated in place are not)."""
 
     def __init__(self, cwd: Path):
-        os.environ["MPLBACKEND"] = "Agg"
+        # matplotlib.use, not MPLBACKEND: the environment would reach every process started after this one, the
+        # kernels of `pytest --nbval` among them, whose figures would then never be displayed
         import matplotlib
 
         matplotlib.use("Agg")

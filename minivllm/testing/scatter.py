@@ -1,6 +1,6 @@
 """The teaching version of store_kvcache (notebook 06 builds it first): move row i of a contiguous (N, D)
 tensor to row slot[i] of another, one Triton program per row. No K/V pair, no -1 padding, no strides: the
-engine's kernel (layers/store_kvcache.py) adds those."""
+engine's kernel (kernels/triton/store_kvcache.py) adds those."""
 
 import torch
 import triton

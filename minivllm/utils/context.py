@@ -1,12 +1,16 @@
 """The step context: metadata of the current forward pass, set once per step by the model runner and read
 by the attention layers and the LM head, so it need not be threaded through every forward call (nano-vllm's
-utils/context.py). One context per thread: an engine loop in a server thread and another engine in the main
+utils/context.py). It also carries the engine's kernel table (minivllm/kernels), so two engines in one process
+each run their own. One context per thread: an engine loop in a server thread and another engine in the main
 thread do not see each other's steps."""
 
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+
+from minivllm.kernels import TORCH, Ops
 
 
 @dataclass(slots=True)
@@ -20,6 +24,8 @@ class Context:
     context_lens: torch.Tensor | None = None  # (num_seqs,) int32, tokens in cache after this step
     block_tables: torch.Tensor | None = None  # (num_seqs, max_blocks) int32, -1 padded
     num_decode_rows: int = 0  # prefill over the cache: its first rows have one query each (attended as decode)
+    ops: Ops = TORCH  # the engine's kernels; outside a step the torch definitions
+    attention_backend: str | None = None  # overrides the layers' backend for this step (the warm-up's prefill)
     _page_table: torch.Tensor | None = None
     _prefill_rows: "PrefillRows | None" = None
 
@@ -78,6 +84,8 @@ def set_context(
     context_lens: torch.Tensor | None = None,
     block_tables: torch.Tensor | None = None,
     num_decode_rows: int = 0,
+    ops: Ops = TORCH,
+    attention_backend: str | None = None,
 ) -> None:
     _local.context = Context(
         is_prefill=is_prefill,
@@ -89,8 +97,21 @@ def set_context(
         context_lens=context_lens,
         block_tables=block_tables,
         num_decode_rows=num_decode_rows,
+        ops=ops,
+        attention_backend=attention_backend,
     )
 
 
 def reset_context() -> None:
     _local.context = Context()
+
+
+@contextmanager
+def use_ops(ops: Ops):
+    """`with use_ops(ops): layer(x)`: layers called in the block, outside an engine's step, run `ops`."""
+    old = get_context()
+    _local.context = Context(ops=ops)
+    try:
+        yield ops
+    finally:
+        _local.context = old

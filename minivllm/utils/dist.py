@@ -74,3 +74,12 @@ def destroy_engine_group(group: dist.ProcessGroup) -> None:
     if dist.group.WORLD is group:
         _update_default_pg(None)
     dist.destroy_process_group(group)
+
+
+def min_over_ranks(n: int, device: torch.device) -> int:
+    """The smallest `n` over the tensor-parallel ranks of the current group (`n` itself with one rank)."""
+    if tp_size() == 1:
+        return n
+    t = torch.tensor([n], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())

@@ -1,0 +1,115 @@
+"""The package's import graph, read with `ast` from the sources (nothing imported): no module imports back a
+module that imports it, directly or through others (function-level imports count too), and no module starts a
+process or a thread when it is imported (only a function an engine calls may)."""
+
+import ast
+from pathlib import Path
+
+import minivllm
+
+ROOT = Path(minivllm.__file__).parent
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def imports_of(name: str) -> set[str]:
+    """The minivllm modules `name` imports anywhere in its file: `import a.b`, `from a import b` (b a module, or
+    a name of a), relative imports resolved."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
+    return {m for m in found if m in MODULES and m != name}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each sorted."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_import_reader_sees_what_a_module_imports():
+    graph = {name: imports_of(name) for name in MODULES}
+    assert "minivllm.layers.torch_attention" in graph["minivllm.kernels.cpu.ops"]  # a module-level import
+    assert "minivllm.kernels.cpu.ops" in graph["minivllm.kernels"]  # one inside pick()
+    assert "minivllm.engine.model_runner" in graph["minivllm.engine.tp_workers"]  # one inside worker_main()
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_circles():
+    graph = {name: imports_of(name) for name in MODULES}
+    assert cycles(graph) == []
+
+
+STARTS = ("start", "spawn", "popen", "process", "thread", "submit", "run")  # in a called name: it may start one
+
+
+def calls_at_import(tree: ast.Module) -> list[str]:
+    """Calls that run when the module is imported: in its top-level statements (not inside a def or a class
+    body's methods), `if __name__ == "__main__":` blocks left out."""
+    found = []
+
+    def scan(node: ast.AST) -> None:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            return
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            return
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if any(word in name.lower() for word in STARTS):
+                found.append(ast.unparse(node)[:80])
+        for child in ast.iter_child_nodes(node):
+            scan(child)
+
+    for statement in tree.body:
+        scan(statement)
+    return found
+
+
+def test_no_module_starts_a_process_or_thread_at_import():
+    started = {name: calls_at_import(ast.parse(path.read_text())) for name, path in MODULES.items()}
+    assert {name: calls for name, calls in started.items() if calls} == {}
+    planted = ast.parse("import threading\nthreading.Thread(target=print).start()\ndef later():\n    run()\n")
+    assert calls_at_import(planted) == ["threading.Thread(target=print).start()", "threading.Thread(target=print)"]
+    assert calls_at_import(ast.parse("from minivllm.engine import attention_compile\nattention_compile.start_helper()"))
