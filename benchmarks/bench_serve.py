@@ -5,8 +5,10 @@ minivllm serve` in a subprocess, sends streaming /v1/completions requests of ran
 "random" dataset: fixed input and output lengths, ignore_eos) with aiohttp, as `vllm bench serve` does,
 resets the prefix cache before each level, then stops the server and runs the same requests of every level
 through the offline `LLM.generate` (the engine alone, same engine arguments): each level reports served output
-tok/s, offline tok/s and their ratio (what the serving layer keeps of the engine's speed). Prints a table,
-writes JSON (and, with --figure, TTFT and TPOT against concurrency).
+tok/s, offline tok/s and their ratio (what the serving layer keeps of the engine's speed); on the CPU also the
+offline tok/s with at most the level's concurrency of requests at once (`max_num_seqs`), the most a server of no
+cost could deliver at that level. Prints a table, writes JSON (and, with --figure, TTFT and TPOT against
+concurrency).
 
   python3 benchmarks/bench_serve.py                                  # CPU: the embedded SmolLM2-135M-Instruct
   python3 benchmarks/bench_serve.py --preset cpu                     # CPU: a tiny Qwen3, up to 128 streams
@@ -225,6 +227,7 @@ def print_table(levels: list[dict], device: str, model: str) -> None:
         ("output_throughput", "out tok/s", "{:.1f}"),
         ("offline_output_throughput", "offline", "{:.1f}"),
         ("served_over_offline", "ratio", "{:.2f}"),
+        ("offline_capped_output_throughput", "offline, <= conc at once", "{:.1f}"),
         ("mean_ttft_ms", "TTFT mean", "{:.0f}"),
         ("p50_ttft_ms", "p50", "{:.0f}"),
         ("p99_ttft_ms", "p99", "{:.0f}"),
@@ -236,6 +239,7 @@ def print_table(levels: list[dict], device: str, model: str) -> None:
         ("p99_itl_ms", "p99", "{:.1f}"),
     ]
     print(f"minivllm serving benchmark on {device}, model {model} (latencies in ms)")
+    cols = [c for c in cols if c[0] in levels[0]]  # the capped offline column: CPU runs only
     rows = [[h for _, h, _ in cols]] + [[f.format(level[k]) for k, _, f in cols] for level in levels]
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     for r in rows:
@@ -268,15 +272,20 @@ def plot(levels: list[dict], path: str, title: str) -> None:
     print(f"wrote {path}")
 
 
-def offline_throughputs(model: str | None, server_args: list[str], levels: list[list[list[int]]], warm, output_len):
+def offline_throughputs(
+    model: str | None, server_args: list[str], levels: list[list[list[int]]], warm, output_len, max_num_seqs=None
+) -> list[float]:
     """Output tok/s of the offline `LLM.generate` on each level's requests (all at once, greedy, ignore_eos),
-    with the server's engine arguments; one warm-up generate first, a cold prefix cache for each level."""
+    with the server's engine arguments (and `max_num_seqs`, if given); one warm-up generate first, a cold
+    prefix cache for each level."""
     from minivllm import LLM, SamplingParams
     from minivllm.entrypoints.cli import ENGINE_ARGS, parse_serve_args
     from minivllm.utils.default_model import default_model_dir
 
     parsed = parse_serve_args(server_args)
     engine_args = {k: getattr(parsed, k) for k in ENGINE_ARGS if getattr(parsed, k) is not None}
+    if max_num_seqs is not None:
+        engine_args["max_num_seqs"] = min(max_num_seqs, engine_args.get("max_num_seqs", max_num_seqs))
     llm = LLM(model or default_model_dir(), **engine_args)
     sp = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     try:
@@ -287,7 +296,8 @@ def offline_throughputs(model: str | None, server_args: list[str], levels: list[
             start = time.perf_counter()
             outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
             out.append(sum(len(o.token_ids) for o in outputs) / (time.perf_counter() - start))
-            print(f"offline on {len(prompts)} requests: {out[-1]:.0f} output tok/s", flush=True)
+            cap = f", at most {max_num_seqs} at once" if max_num_seqs else ""
+            print(f"offline on {len(prompts)} requests{cap}: {out[-1]:.0f} output tok/s", flush=True)
         return out
     finally:
         llm.exit()
@@ -362,6 +372,12 @@ def main() -> None:
         offline = offline_throughputs(model, args.server_args.split(), prompts_of, warm, args.output_len)
         for level, tps in zip(levels, offline):
             level.update(offline_output_throughput=tps, served_over_offline=level["output_throughput"] / tps)
+        if not gpu:  # the engine alone with at most `concurrency` sequences at once: no server can pass this
+            for level, prompts in zip(levels, prompts_of):
+                (tps,) = offline_throughputs(
+                    model, args.server_args.split(), [prompts], warm, args.output_len, level["concurrency"]
+                )
+                level.update(offline_capped_output_throughput=tps)
     else:
         for level in levels:
             level.update(offline_output_throughput=float("nan"), served_over_offline=float("nan"))
