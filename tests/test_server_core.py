@@ -117,7 +117,7 @@ def test_stop_strings_are_found_by_the_front_end(client, offline):
 def test_metrics_tokenize_detokenize_version(server, client, offline):
     before = metrics(server.url)
     key = 'vllm:request_success_total{finished_reason="length",model_name="tiny"}'
-    list(
+    chunks = list(
         client.completions.create(
             model=NAME, prompt=IDS[3], max_tokens=5, temperature=0, stream=True, extra_body=dict(ignore_eos=True)
         )
@@ -129,7 +129,13 @@ def test_metrics_tokenize_detokenize_version(server, client, offline):
         >= before.get('vllm:generation_tokens_total{model_name="tiny"}', 0) + 5
     )
     assert after['vllm:prompt_tokens_total{model_name="tiny"}'] >= len(IDS[3])
-    for family in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
+    # a gap between two outputs only where the stream came in two or more pieces: a reader that is behind gets
+    # the five tokens merged into one output (RequestOutputCollector), which has no inter-token gap to observe
+    families = ["time_to_first_token_seconds", "e2e_request_latency_seconds"]
+    families += (
+        ["inter_token_latency_seconds"] if len([c for c in chunks if c.choices and c.choices[0].text]) > 1 else []
+    )
+    for family in families:
         assert after[f'vllm:{family}_count{{model_name="tiny"}}'] > before.get(
             f'vllm:{family}_count{{model_name="tiny"}}', 0
         )
@@ -317,3 +323,43 @@ def test_sigterm_under_load_stops_every_process(chat_model):
     while any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children):
         assert time.time() < deadline, "a process outlived the server"
         time.sleep(0.1)
+
+
+def test_metrics_observe_every_output_of_a_stream():
+    """ServerMetrics.observe on a stream of three outputs (2 + 1 + 2 tokens, the last finishing): one first-token
+    time, two inter-token gaps, one end-to-end latency, 5 generation tokens and one success by finish reason."""
+    from types import SimpleNamespace
+
+    from minivllm.entrypoints.metrics import ServerMetrics
+    from minivllm.outputs import CompletionOutput, RequestOutput
+
+    stats = SimpleNamespace(num_running=0, num_waiting=0, kv_cache_usage=0.0, num_preemptions=0)
+    sm = ServerMetrics(SimpleNamespace(stats=stats), "m")
+
+    def out(ids, finish=None):
+        c = CompletionOutput(0, "x" * len(ids), ids, None, None, finish)
+        return RequestOutput("r", None, [1, 2, 3], [c], finish is not None)
+
+    async def stream():
+        for o in (out([5, 6]), out([7]), out([8, 9], "length")):
+            await asyncio.sleep(0.01)
+            yield o
+
+    async def consume(streaming):
+        return [o async for o in sm.observe(stream(), streaming)]
+
+    assert len(asyncio.run(consume(True))) == 3
+    text = sm.render().decode()
+    for line in (
+        'vllm:time_to_first_token_seconds_count{model_name="m"} 1.0',
+        'vllm:inter_token_latency_seconds_count{model_name="m"} 2.0',
+        'vllm:e2e_request_latency_seconds_count{model_name="m"} 1.0',
+        'vllm:generation_tokens_total{model_name="m"} 5.0',
+        'vllm:prompt_tokens_total{model_name="m"} 3.0',
+        'vllm:request_success_total{finished_reason="length",model_name="m"} 1.0',
+    ):
+        assert line in text, f"{line!r} not in /metrics"
+    asyncio.run(consume(False))  # a request answered in one piece: no first-token or inter-token time
+    text = sm.render().decode()
+    assert 'vllm:time_to_first_token_seconds_count{model_name="m"} 1.0' in text
+    assert 'vllm:e2e_request_latency_seconds_count{model_name="m"} 2.0' in text
