@@ -20,6 +20,9 @@
 #               Qwen3-0.6B at 1-256 streams and Poisson rates 50-200 req/s, each beside offline LLM.generate
 #               (`serve:bench` only this) -> DIR/results/serve_gpu.json and DIR/serve_gpu.png (TTFT and TPOT
 #               against concurrency), the server's own log in DIR/serve_server.log
+#   serve:cpu   bench_serve.py --preset cpu with CUDA hidden: the CPU serving target (>= 0.7x offline at 128 streams)
+#               on the GPU host's many cores, where client, API server and engine core each get cores of their own
+#               (the 2-core development machine cannot give them that)   -> DIR/results/serve_cpu_preset_host.json
 #   bench       python3 bench.py --structured json (TP=1, nano-vllm's workload, and a run with a JSON schema on
 #               every request)                                  -> DIR/results/first_run_gpu.json
 #   bench-tp2   python3 bench.py --tp 2 (two GPUs)                  -> DIR/results/first_run_gpu_tp2.json
@@ -42,11 +45,11 @@ parts=()
 while [ $# -gt 0 ]; do
   case $1 in
     --out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) parts+=("$1"); shift ;;
   esac
 done
-[ ${#parts[@]} -gt 0 ] || { sed -n '2,35p' "$0"; exit 2; }
+[ ${#parts[@]} -gt 0 ] || { sed -n '2,40p' "$0"; exit 2; }
 mkdir -p "$out/results"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} MINIVLLM_REQUIRE_FA4=1 NCCL_NVLS_ENABLE=0 TOKENIZERS_PARALLELISM=false
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
@@ -128,6 +131,9 @@ for part in "${parts[@]}"; do
           --out "$out/results/serve_gpu.json" --figure "$out/serve_gpu.png" \
           --server-log "$out/serve_server.log" --server-log-level info
       fi ;;
+    serve:cpu)
+      run_part serve-cpu env CUDA_VISIBLE_DEVICES= python3 benchmarks/bench_serve.py --preset cpu \
+        --out "$out/results/serve_cpu_preset_host.json" ;;
     bench)
       run_part bench python3 bench.py --structured json --out "$out/results/first_run_gpu.json" ;;
     bench-tp2)
