@@ -7,8 +7,9 @@ resets the prefix cache before each level, then stops the server and runs the sa
 through the offline `LLM.generate` (the engine alone, same engine arguments): each level reports served output
 tok/s, offline tok/s and their ratio (what the serving layer keeps of the engine's speed); on the CPU also the
 offline tok/s with at most the level's concurrency of requests at once (`max_num_seqs`), the most a server of no
-cost could deliver at that level. Prints a table, writes JSON (and, with --figure, TTFT and TPOT against
-concurrency).
+cost could deliver at that level. Each level also reports the CPU time per output token of the engine (the core
+process, its TP workers), of the API server (with its tokenizer workers) and of this client: where serving's cost
+goes. Prints a table, writes JSON (and, with --figure, TTFT and TPOT against concurrency).
 
   python3 benchmarks/bench_serve.py                                  # CPU: the embedded SmolLM2-135M-Instruct
   python3 benchmarks/bench_serve.py --preset cpu                     # CPU: a tiny Qwen3, up to 128 streams
@@ -27,6 +28,7 @@ import contextlib
 import json
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -35,6 +37,7 @@ import time
 import aiohttp
 import httpx
 import numpy as np
+import psutil
 
 from minivllm.testing.benchmark import save_json
 from minivllm.utils.dist import free_port
@@ -165,6 +168,31 @@ async def run_level(url: str, model: str, prompts: list[list[int]], output_len: 
     return summarize(results, duration, concurrency, rate)
 
 
+class CpuMeter:
+    """CPU seconds spent so far by each side: the engine (the core process and its tensor-parallel workers, named
+    minivllm-core and minivllm-tp<rank>), the API server (its process and its tokenizer workers) and this client.
+    Read before and after a level, per output token: where serving's cost goes."""
+
+    def __init__(self, server_pid: int) -> None:
+        self.server = psutil.Process(server_pid)
+
+    def read(self) -> dict[str, float]:
+        out = dict(engine=0.0, api=0.0)
+        for p in [self.server, *self.server.children(recursive=True)]:
+            try:
+                t, name = p.cpu_times(), p.name()
+            except psutil.NoSuchProcess:
+                continue
+            out["engine" if name.startswith(("minivllm-core", "minivllm-tp")) else "api"] += t.user + t.system
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        out["client"] = r.ru_utime + r.ru_stime
+        return out
+
+    @staticmethod
+    def per_token(before: dict[str, float], after: dict[str, float], tokens: int) -> dict[str, float]:
+        return {f"cpu_us_per_token_{k}": (after[k] - before[k]) / max(1, tokens) * 1e6 for k in before}
+
+
 def check_level(level: dict, server: subprocess.Popen, log: str | None, name: str = "") -> None:
     """Say at once how a level went: what failed (the requests' errors), and whether the server is alive."""
     print(
@@ -228,6 +256,9 @@ def print_table(levels: list[dict], device: str, model: str) -> None:
         ("offline_output_throughput", "offline", "{:.1f}"),
         ("served_over_offline", "ratio", "{:.2f}"),
         ("offline_capped_output_throughput", "offline, <= conc at once", "{:.1f}"),
+        ("cpu_us_per_token_engine", "CPU us/tok: engine", "{:.0f}"),
+        ("cpu_us_per_token_api", "api", "{:.0f}"),
+        ("cpu_us_per_token_client", "client", "{:.0f}"),
         ("mean_ttft_ms", "TTFT mean", "{:.0f}"),
         ("p50_ttft_ms", "p50", "{:.0f}"),
         ("p99_ttft_ms", "p99", "{:.0f}"),
@@ -239,7 +270,7 @@ def print_table(levels: list[dict], device: str, model: str) -> None:
         ("p99_itl_ms", "p99", "{:.1f}"),
     ]
     print(f"minivllm serving benchmark on {device}, model {model} (latencies in ms)")
-    cols = [c for c in cols if c[0] in levels[0]]  # the capped offline column: CPU runs only
+    cols = [c for c in cols if c[0] in levels[0]]  # (the capped offline column: CPU runs only)
     rows = [[h for _, h, _ in cols]] + [[f.format(level[k]) for k, _, f in cols] for level in levels]
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     for r in rows:
@@ -353,6 +384,7 @@ def main() -> None:
         warm = [[rng.randint(1, vocab_top) for _ in range(args.input_len)] for _ in range(4)]
         warmup = asyncio.run(run_level(url + "/v1/completions", served["id"], warm, 8, 4, float("inf")))  # JIT
         check_level(warmup, server, args.server_log, "warm-up at concurrency")
+        meter = CpuMeter(server.pid)
         levels, prompts_of = [], []
         sweep = [(c, float("inf")) for c in args.concurrency]
         sweep += [(max(args.concurrency), rate) for rate in args.request_rate if rate != float("inf")]
@@ -360,9 +392,10 @@ def main() -> None:
             n = args.num_prompts or max(per * c, 8)
             prompts = [[rng.randint(1, vocab_top) for _ in range(args.input_len)] for _ in range(n)]
             httpx.post(url + "/reset_prefix_cache")
-            levels.append(
-                asyncio.run(run_level(url + "/v1/completions", served["id"], prompts, args.output_len, c, rate))
-            )
+            before = meter.read()
+            level = asyncio.run(run_level(url + "/v1/completions", served["id"], prompts, args.output_len, c, rate))
+            level.update(meter.per_token(before, meter.read(), level["total_output_tokens"]))
+            levels.append(level)
             prompts_of.append(prompts)
             check_level(levels[-1], server, args.server_log)
     finally:

@@ -363,3 +363,13 @@ def test_metrics_observe_every_output_of_a_stream():
     text = sm.render().decode()
     assert 'vllm:time_to_first_token_seconds_count{model_name="m"} 1.0' in text
     assert 'vllm:e2e_request_latency_seconds_count{model_name="m"} 2.0' in text
+
+
+def test_the_engine_processes_are_named(server):
+    """`ps` and `top` (and bench_serve.py's CPU accounting) tell the engine core and the tokenizer workers apart."""
+    core = psutil.Process(server.llm.core.process.pid)
+    assert core.name() == "minivllm-core"
+    assert core.ppid() == os.getpid()
+    httpx.post(server.url + "/tokenize", json=dict(prompt="hello"))  # the tokenizer pool's workers are up
+    names = [p.name() for p in psutil.Process().children(recursive=True)]
+    assert "minivllm-tok" in names, names

@@ -1,0 +1,11 @@
+"""The name `ps` and `top` show for a process of the engine (vLLM names its engine core the same way): the
+engine core, the tensor-parallel workers and the tokenizer pool's workers are otherwise all "python3"."""
+
+
+def set_process_name(name: str) -> None:
+    """Linux: the process's name in /proc (at most 15 characters); elsewhere nothing."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(name[:15])
+    except OSError:
+        pass
