@@ -41,6 +41,7 @@ import psutil
 
 from minivllm.testing.benchmark import save_json
 from minivllm.utils.dist import free_port
+from minivllm.utils.process_name import CORE, TP_WORKER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANDOM_QWEN3 = "random-qwen3-0.6b"
@@ -183,7 +184,7 @@ class CpuMeter:
                 t, name = p.cpu_times(), p.name()
             except psutil.NoSuchProcess:
                 continue
-            out["engine" if name.startswith(("minivllm-core", "minivllm-tp")) else "api"] += t.user + t.system
+            out["engine" if name.startswith((CORE, TP_WORKER)) else "api"] += t.user + t.system
         r = resource.getrusage(resource.RUSAGE_SELF)
         out["client"] = r.ru_utime + r.ru_stime
         return out

@@ -24,7 +24,7 @@ import zmq
 from minivllm.engine import messages as m
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.sampling_params import RequestOutputKind
-from minivllm.utils.process_name import set_process_name
+from minivllm.utils.process_name import CORE, set_process_name
 
 POLL_MS = 200  # idle: how often to look whether the API server is still there
 
@@ -104,7 +104,7 @@ def _logprobs(steps: list | None) -> list | None:
 
 def run_engine_core(model: str, engine_args: dict, input_address: str, output_address: str, parent_pid: int) -> None:
     """The core process's entry point (multiprocessing spawns it, core_client.py)."""
-    set_process_name("minivllm-core")
+    set_process_name(CORE)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the API server leads the exit
     if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
         # on CPU the model's threads would take every core, and the API server's own work (SSE for every

@@ -18,7 +18,7 @@ import traceback
 import torch.multiprocessing as mp
 
 from minivllm.config import Config
-from minivllm.utils.process_name import set_process_name
+from minivllm.utils.process_name import TP_WORKER, set_process_name
 
 
 class WorkerError(RuntimeError):
@@ -108,7 +108,7 @@ def worker_main(config: Config, rank: int, port: int, conn) -> None:
     goes away."""
     from minivllm.engine.model_runner import ModelRunner
 
-    set_process_name(f"minivllm-tp{rank}")
+    set_process_name(f"{TP_WORKER}{rank}")
     reporter = Reporter(conn)
     try:
         runner = ModelRunner(config, rank=rank, port=port, reporter=reporter)

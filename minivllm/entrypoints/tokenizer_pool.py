@@ -13,7 +13,7 @@ import os
 import threading
 import time
 
-from minivllm.utils.process_name import set_process_name
+from minivllm.utils.process_name import TOKENIZER, set_process_name
 
 _tokenizer = None  # the worker process's own
 
@@ -24,7 +24,7 @@ def _load(model: str, tokenizer: str, parent: int) -> None:
 
     from minivllm.checkpoint import load_tokenizer
 
-    set_process_name("minivllm-tok")
+    set_process_name(TOKENIZER)
     threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
     _tokenizer = load_tokenizer(tokenizer, AutoConfig.from_pretrained(model))
 
