@@ -17,7 +17,7 @@ transformers' generate on the same prompts, in float32 and bfloat16.
   python3 bench.py --cpu            # CPU: the engine vs transformers on SmolLM2
 
 --structured json adds, in each process (GPU) or dtype (CPU), one more timed run of the same prompts with a JSON
-schema on every request (minivllm/structured_outputs), reported beside the unconstrained throughput.
+schema on every request (minivllm/frontend/structured_outputs), reported beside the unconstrained throughput.
 """
 
 import argparse
@@ -27,14 +27,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 T_START = time.perf_counter()
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[0] / "tests"))  # tests/helpers
 import torch  # noqa: E402
 
-from minivllm.testing import benchmark as bm  # noqa: E402
-from minivllm.testing.compile_counter import CompileCounter  # noqa: E402
-from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint  # noqa: E402
+from helpers import benchmark as bm  # noqa: E402
+from helpers.compile_counter import CompileCounter  # noqa: E402
+from helpers.tiny_model import QWEN3_0_6B, make_tiny_checkpoint  # noqa: E402
 
 CACHE_ENV = {  # where each compiler keeps its on-disk cache
     "TRITON_CACHE_DIR": "triton",

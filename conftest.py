@@ -18,7 +18,7 @@ def pytest_sessionstart(session):
     # MINIVLLM_REQUIRE_FA4=1 (the GPU check and the GPU CI job): with a GPU present, a FlashAttention-4 that
     # cannot run fails the whole session at once, so no FA4 test or notebook cell passes by skipping
     if os.environ.get("MINIVLLM_REQUIRE_FA4", "0") != "0" and torch.cuda.is_available():
-        from minivllm.testing.gpu import flash_backends
+        from helpers.gpu import flash_backends
 
         try:
             flash_backends()

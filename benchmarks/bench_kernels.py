@@ -22,16 +22,18 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/helpers
 import torch
 
 import minivllm  # noqa: F401  (TRITON_INTERPRET=1 without CUDA)
+from helpers.benchmark import COPY_BW as CEILING
+from helpers.benchmark import save_json
 from minivllm.kernels.triton.paged_decode import paged_decode
 from minivllm.kernels.triton.store_kvcache import store_kvcache
 from minivllm.layers import attention_backend
 from minivllm.layers.attention import store_kvcache_torch
-from minivllm.testing.benchmark import COPY_BW as CEILING
-from minivllm.testing.benchmark import save_json
 
 
 @dataclass

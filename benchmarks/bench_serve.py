@@ -33,13 +33,15 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import aiohttp
 import httpx
 import numpy as np
 import psutil
 
-from minivllm.testing.benchmark import save_json
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/helpers
+from helpers.benchmark import save_json
 from minivllm.utils.dist import free_port
 from minivllm.utils.process_name import CORE, TP_WORKER
 
@@ -56,7 +58,7 @@ def model_dir(name: str | None, cache: str) -> str | None:
         return name
     import torch
 
-    from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
+    from helpers.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 
     if name == TINY_QWEN3:
         return make_tiny_checkpoint(os.path.join(cache, "qwen3-tiny-serve"), "qwen3", **TINY)
@@ -311,7 +313,7 @@ def offline_throughputs(
     with the server's engine arguments (and `max_num_seqs`, if given); one warm-up generate first, a cold
     prefix cache for each level."""
     from minivllm import LLM, SamplingParams
-    from minivllm.entrypoints.cli import ENGINE_ARGS, parse_serve_args
+    from minivllm.serve.cli import ENGINE_ARGS, parse_serve_args
     from minivllm.utils.default_model import default_model_dir
 
     parsed = parse_serve_args(server_args)

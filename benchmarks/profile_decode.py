@@ -4,15 +4,18 @@ steps (torch.profiler; its per-kernel times run high). Writes a text report to -
 
 import argparse
 import os
+import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/helpers
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from helpers.benchmark import COPY_BW, model_bytes_and_flops
+from helpers.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 from minivllm import LLM, SamplingParams, kernels
-from minivllm.testing.benchmark import COPY_BW, model_bytes_and_flops
-from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 
 
 @torch.inference_mode()

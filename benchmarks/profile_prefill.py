@@ -13,15 +13,18 @@ import gc
 import io
 import os
 import pstats
+import sys
 import time
 from contextlib import nullcontext
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/helpers
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from helpers.benchmark import MATMUL_FLOPS, model_bytes_and_flops, workload
+from helpers.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 from minivllm import LLM, SamplingParams
-from minivllm.testing.benchmark import MATMUL_FLOPS, model_bytes_and_flops, workload
-from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 
 
 def kernel_table(prof, top: int = 18) -> list[str]:

@@ -16,13 +16,16 @@ of microseconds read bimodally from run to run (HISTORY.md, 2026-12-01); the gra
 
 import argparse
 import itertools
+import sys
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/helpers
 import torch
 import triton.testing
 
+from helpers.benchmark import save_json
 from minivllm.kernels.triton.paged_decode import HEADS_FASTEST, num_splits, paged_decode
 from minivllm.layers.torch_attention import paged_decode_attention
-from minivllm.testing.benchmark import save_json
 
 H, HKV, D, PAGE = 16, 8, 128, 256
 SCENARIOS = [(256, 600, 600), (256, 100, 1500), (128, 300, 1800), (64, 500, 2000), (16, 1000, 2000)]  # B, ctx lo, hi

@@ -1,5 +1,5 @@
 """The command line: `python -m minivllm [PROMPT ...]` (or the `minivllm` console script), and
-`python -m minivllm serve ...`, the OpenAI-compatible server (minivllm/entrypoints/cli.py).
+`python -m minivllm serve ...`, the OpenAI-compatible server (minivllm/serve/cli.py).
 
 Prompts come from the arguments, or one per line from stdin when none are given. Each is wrapped in the
 model's chat template (unless --no-chat-template), all are generated in one batch, and each prompt is printed
@@ -46,7 +46,7 @@ def fail(message: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:  # `minivllm serve ...`: the OpenAI-compatible server
-        from minivllm.entrypoints.cli import serve_main
+        from minivllm.serve.cli import serve_main
 
         return serve_main(argv[1:])
     args = parse_args(argv)

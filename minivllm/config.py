@@ -6,7 +6,7 @@ import torch
 from transformers import PretrainedConfig
 
 from minivllm.checkpoint import load_hf_config
-from minivllm.engine_args import check_config, check_model_fits, vllm_engine_args
+from minivllm.frontend.engine_args import check_config, check_model_fits, vllm_engine_args
 from minivllm.kernels import KernelOptions
 
 

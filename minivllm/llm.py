@@ -1,7 +1,7 @@
 """The user-facing class, vLLM's offline API: `LLM(model_dir, **engine_args)` with `generate(prompts,
 sampling_params)`, `chat(messages, sampling_params)`, `get_tokenizer()` and `reset_prefix_cache()`. It drives
 the engine's step API (llm_engine.py) until its requests are done; the server drives the same API from its
-own loop (engine/async_llm.py). Prompts take every form of minivllm/inputs.py."""
+own loop (engine/async_llm.py). Prompts take every form of minivllm/frontend/inputs.py."""
 
 import time
 from itertools import count
@@ -9,8 +9,8 @@ from itertools import count
 from tqdm import tqdm
 
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.inputs import is_conversation, is_single_prompt, render_chat
-from minivllm.outputs import RequestOutput
+from minivllm.frontend.inputs import is_conversation, is_single_prompt, render_chat
+from minivllm.frontend.outputs import RequestOutput
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 

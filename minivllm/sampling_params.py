@@ -7,14 +7,14 @@ of the raw logits (`logprobs`), `min_tokens` (EOS and `stop_token_ids` masked un
 tokens), then temperature, `min_p`, `top_k`, `top_p`, and the draw (`seed`: the request's own random stream).
 On the host: `stop` strings on the detokenised text, `max_tokens`, `ignore_eos`. Before the penalties,
 `allowed_token_ids`, `bad_words` and `logit_bias` (layers/logits_processors.py). `structured_outputs` masks the
-logits before all of these, logprobs included as in vLLM (minivllm/structured_outputs)."""
+logits before all of these, logprobs included as in vLLM (minivllm/frontend/structured_outputs)."""
 
 import copy
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from minivllm.sampling_checks import GREEDY_EPS, MAX_LOGPROBS, check_sampling_params  # noqa: F401 (re-exported)
-from minivllm.structured_outputs.params import StructuredOutputsParams
+from minivllm.frontend.sampling_checks import GREEDY_EPS, MAX_LOGPROBS, check_sampling_params  # noqa: F401 (re-exported)
+from minivllm.frontend.structured_outputs.params import StructuredOutputsParams
 
 
 class RequestOutputKind(IntEnum):
@@ -47,7 +47,9 @@ class SamplingParams:
     bad_words: list[str] | None = None  # words never generated (a word's last token banned after the others)
     skip_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
-    structured_outputs: StructuredOutputsParams | None = None  # the output's grammar (minivllm/structured_outputs)
+    structured_outputs: StructuredOutputsParams | None = (
+        None  # the output's grammar (minivllm/frontend/structured_outputs)
+    )
     # derived (the engine reads them at every step): penalties and bad words read every previous token; anything
     # beyond temperature needs the sampling outside the decode graph
     needs_history: bool = field(default=False, init=False, repr=False, compare=False)

@@ -33,7 +33,7 @@
 # Without a GPU it refuses to run (a GPU check that passes by skipping checks nothing); GPU_CHECK_ALLOW_CPU=1 runs
 # the parts on the CPU anyway, as a dry run of the script itself.
 # Environment it sets: MINIVLLM_REQUIRE_FA4=1 (a GPU on which FlashAttention-4 cannot run fails the tests and the
-# notebooks' GPU cells instead of letting them pass on another backend; see minivllm/testing/gpu.py),
+# notebooks' GPU cells instead of letting them pass on another backend; see tests/helpers/gpu.py),
 # NCCL_NVLS_ENABLE=0 (no NVLink multicast), TOKENIZERS_PARALLELISM=false, PYTHONPATH=<repo>. Needs, besides the
 # project: FlashAttention-4 (`flash_attn.cute`), nbval and a Jupyter kernel (the notebooks), xxhash, xgrammar (notebook
 # 17), and for `serve` fastapi and uvicorn (dependencies) with httpx and openai (the dev extras). benchmarks/README.md
@@ -62,10 +62,10 @@ if [ "${parts[*]}" = all ]; then
   [ "$gpus" -ge 2 ] && parts+=(tp bench-tp2)
 fi
 
-python3 - <<'EOF' 2>&1 | tee "$out/versions.txt"
+PYTHONPATH=tests python3 - <<'EOF' 2>&1 | tee "$out/versions.txt"
 import torch, triton, transformers
-from minivllm.testing.gpu import why_no_fa4
-from minivllm.testing.benchmark import versions
+from helpers.gpu import why_no_fa4
+from helpers.benchmark import versions
 print("versions:", versions())
 n = torch.cuda.device_count() if torch.cuda.is_available() else 0
 print("GPUs:", n, [torch.cuda.get_device_name(i) for i in range(n)])

@@ -5,12 +5,14 @@ against a reference with torch attention and no programmatic dependent launch.""
 import os
 import sys
 import time
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/helpers
 import torch
 
+from helpers.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 from minivllm import LLM, SamplingParams
 from minivllm.layers import attention_backend
-from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 
 
 def greedy(path, prompts, n, **kw):

@@ -20,12 +20,14 @@ import sys
 import time
 import traceback
 from multiprocessing import resource_tracker
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/helpers
 import torch
 
+from helpers.benchmark import save_json
+from helpers.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 from minivllm import LLM, SamplingParams
-from minivllm.testing.benchmark import save_json
-from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 
 # Not engine leaks: per-process helpers that live until the interpreter exits (multiprocessing's resource
 # tracker, started by the first spawn; torch.compile's pool of compile workers). Listed, not counted.

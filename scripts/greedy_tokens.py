@@ -8,17 +8,19 @@ TP=2 then needs two GPUs.
   python3 scripts/greedy_tokens.py after.json           # in the other
   python3 scripts/greedy_tokens.py --compare before.json after.json
 
-The models are made here with a fixed seed (minivllm.testing.tiny_model), in a temporary directory."""
+The models are made here with a fixed seed (helpers.tiny_model), in a temporary directory."""
 
 import argparse
 import json
 import sys
 import tempfile
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/helpers
 import torch
 
+from helpers.tiny_model import TINY_LLAMA, make_tiny_checkpoint
 from minivllm import LLM, SamplingParams
-from minivllm.testing.tiny_model import TINY_LLAMA, make_tiny_checkpoint
 from minivllm.utils.default_model import default_model_dir
 
 SETTINGS = {

@@ -16,9 +16,9 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # tests/helpers
 
-from minivllm.testing.notebooks import exercises_of, learner_edition, read  # noqa: E402
+from helpers.notebooks import exercises_of, learner_edition, read  # noqa: E402
 
 
 def make_exercises(src: Path, out: Path, force: bool = False) -> list[tuple[str, int, bool]]:

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
@@ -44,7 +45,7 @@ def serve(args: argparse.Namespace) -> None:
     """The server: run_server, its uvicorn stalling after a response if the file --arm exists (removed: one stall)."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    from minivllm.entrypoints.openai_server import run_server
+    from minivllm.serve.openai_server import run_server
 
     original = H11Protocol.on_response_complete
 
@@ -143,7 +144,8 @@ def main() -> None:
     if args.serve:
         return serve(args)
 
-    from minivllm.testing.tiny_model import make_tiny_checkpoint
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/helpers
+    from helpers.tiny_model import make_tiny_checkpoint
     from minivllm.utils.dist import free_port
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from minivllm.testing.tiny_model import CHAT_TEMPLATE, TINY_LLAMA, make_tiny_checkpoint
+from helpers.tiny_model import CHAT_TEMPLATE, TINY_LLAMA, make_tiny_checkpoint
 
 TOLERANCES = {
     torch.float64: (1e-10, 1e-10),

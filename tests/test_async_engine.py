@@ -28,11 +28,11 @@ from hypothesis import strategies as st
 from test_block_manager import check_accounting
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.async_llm import AsyncLLM, EngineDeadError
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.sequence import PENDING, Sequence
 from minivllm.engine.step_inputs import prepare_decode, prepare_prefill
 from minivllm.sampling_params import RequestOutputKind
+from minivllm.serve.async_llm import AsyncLLM, EngineDeadError
 
 EOS = 0  # the tiny model's <|endoftext|>
 KINDS = list(RequestOutputKind)
@@ -381,8 +381,8 @@ def test_an_engine_that_fails_on_a_request_fails_its_stream(tiny_qwen3):
 
 
 def test_output_collector_merges_deltas_a_slow_consumer_has_not_taken():
-    from minivllm.engine.output_processor import RequestOutputCollector
-    from minivllm.outputs import CompletionOutput, RequestOutput
+    from minivllm.frontend.output_processor import RequestOutputCollector
+    from minivllm.frontend.outputs import CompletionOutput, RequestOutput
     from minivllm.sampling_params import RequestOutputKind
 
     def out(i: int, finish: str | None = None) -> RequestOutput:

@@ -1,5 +1,5 @@
 """bench.py and benchmarks/: every script imports against the package as it is, and what bench.py records of an
-engine (minivllm.testing.benchmark.engine_facts) and of its runs is what it says it is. Speed is never asserted
+engine (helpers.benchmark.engine_facts) and of its runs is what it says it is. Speed is never asserted
 here: the benchmarks measure it."""
 
 import importlib.util
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from minivllm.testing import benchmark as bm
+from helpers import benchmark as bm
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPTS = [ROOT / "bench.py", *sorted((ROOT / "benchmarks").glob("*.py"))]
@@ -44,9 +44,9 @@ def test_child_process_gets_the_parents_arguments(monkeypatch):
 def test_engine_facts_of_a_cpu_engine(tmp_path, monkeypatch):
     from triton.runtime.jit import JITFunction
 
+    from helpers.compile_counter import CompileCounter
+    from helpers.tiny_model import make_tiny_checkpoint
     from minivllm import LLM
-    from minivllm.testing.compile_counter import CompileCounter
-    from minivllm.testing.tiny_model import make_tiny_checkpoint
 
     monkeypatch.setattr(JITFunction, "_do_compile", lambda self, key, *args: None)
     counter = CompileCounter()

@@ -2,7 +2,7 @@
 through ModelRunner (minivllm/engine/model_runner.py -> minivllm/layers/sampler.py), in batches that mix greedy
 and sampled requests. Many requests share one prompt, so their tokens are draws from one distribution: the
 prefill step's token must follow softmax(logits / T) cut to the request's top-k and top-p, with transformers'
-logits on the same weights (chi-square, minivllm/testing/stats.py), and so must the decode step's token given
+logits on the same weights (chi-square, tests/helpers/stats.py), and so must the decode step's token given
 the first. Then the GPU path's Triton kernels inside the engine on CPU (the triton_on_cpu kernel option: the KV-cache
 store, the fused prologue and the sampler's inverse-CDF kernels, through the Triton interpreter): the torch
 paths' greedy tokens, and draws that fit the same probabilities."""
@@ -11,10 +11,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from helpers.stats import chi2_gof, chi2_two_sample, fits, reference_probs
 from minivllm import LLM, SamplingParams
 from minivllm.kernels.triton import attention_prologue, sampler, store_kvcache
 from minivllm.layers import attention
-from minivllm.testing.stats import chi2_gof, chi2_two_sample, fits, reference_probs
 
 PROMPT = [355]  # one token, whose next-token distribution on the tiny model is spread: 0.26, 0.22, 0.12, 0.08...
 GROUPS = [(1.0, 0, 1.0), (0.5, 0, 1.0), (1.0, 3, 1.0), (1.5, 0, 0.6), (0.8, 6, 0.8)]  # (temperature, top_k, top_p)

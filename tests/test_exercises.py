@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from minivllm.testing.notebooks import (
+from helpers.notebooks import (
     NotebookShell,
     exercises_of,
     grade_id,

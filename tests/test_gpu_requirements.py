@@ -1,11 +1,11 @@
-"""minivllm/testing/gpu.py: on a GPU with MINIVLLM_REQUIRE_FA4=1 a FlashAttention-4 that cannot run is an error,
+"""tests/helpers/gpu.py: on a GPU with MINIVLLM_REQUIRE_FA4=1 a FlashAttention-4 that cannot run is an error,
 never a quiet fallback; MINIVLLM_REQUIRE_GPUS asks for a number of GPUs. The GPU itself is faked here (CUDA
 present, which backends import), so the rule is checked on any machine."""
 
 import pytest
 import torch
 
-from minivllm.testing import gpu
+from helpers import gpu
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ import torch.distributed as dist
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from conftest import assert_close, assert_greedy_within_bf16, bf16_greedy_margin, teacher_forced_logits
+from helpers.spawn import run_tp
+from helpers.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 from minivllm.layers.attention import Attention
 from minivllm.models.qwen3 import Qwen3ForCausalLM
-from minivllm.testing.spawn import run_tp
-from minivllm.testing.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 from minivllm.utils.context import reset_context, set_context
 from minivllm.utils.dist import tp_rank, tp_size
 from minivllm.utils.loader import load_model

@@ -49,7 +49,7 @@ TRACKED_FIGURE = re.compile(r"""savefig\(\s*f?["'](?:\.\./)?figures/""")
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_runs_do_not_rewrite_tracked_figures(path):
     """Running the course leaves `git status` clean: a notebook saves its figures under build/figures/
-    (`minivllm.testing.notebooks.figures_dir()`, git-ignored), never into the tracked figures/."""
+    (`helpers.notebooks.figures_dir()`, git-ignored), never into the tracked figures/."""
     for c in code_cells(path):
         assert not TRACKED_FIGURE.search(source(c)), (
             f"{path.name} cell {c['execution_count']}: saves into the tracked figures/; save to figures_dir()"

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from minivllm import LLM, SamplingParams
 from minivllm.engine.sequence import SequenceStatus
-from minivllm.outputs import CompletionOutput, RequestOutput
+from minivllm.frontend.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import RequestOutputKind
 
 ARGS = dict(kvcache_block_size=16, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=256)

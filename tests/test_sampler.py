@@ -2,15 +2,15 @@
 distribution (chi-square against the exact probabilities and against torch.multinomial), temperature,
 greedy rows, per-row top-k / top-p, and input validation. Every statistical test also shows that a wrong
 sampler fails it, so the tests have power. Many draws are one batched call on a repeated logits row. The
-chi-square machinery is minivllm/testing/stats.py (the engine-level tests use it too)."""
+chi-square machinery is tests/helpers/stats.py (the engine-level tests use it too)."""
 
 import pytest
 import torch
 
+from helpers.stats import CHI2_999, chi2_gof, chi2_two_sample, fits, reference_probs
 from minivllm.kernels import pick
 from minivllm.layers.sampler import Sampler, filter_top_k_top_p
 from minivllm.sampling_params import SamplingParams
-from minivllm.testing.stats import CHI2_999, chi2_gof, chi2_two_sample, fits, reference_probs
 
 N = 40_000  # draws per distribution: expected counts >= ~800 for the rarest token used below
 PROBS = torch.tensor([0.30, 0.22, 0.16, 0.12, 0.08, 0.06, 0.04, 0.02], dtype=torch.float64)

@@ -12,8 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.sampling_inputs import prepare_sampling
 from minivllm.engine.sequence import Sequence
+from minivllm.frontend.sampling_inputs import prepare_sampling
 from minivllm.sampling_params import RequestOutputKind
 
 ARGS = dict(kvcache_block_size=16, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=256)

@@ -4,7 +4,7 @@ and cache sizes; every step is checked: budgets respected, decoding sequences sc
 accounted (free + used = all, reference counts = holders), no write into a shared block, prefix hits only
 on blocks computed from the same tokens (a shadow record of every slot), first admissions in FIFO order;
 at the end every request finished exactly once with exactly the tokens an oracle predicts, and every block
-is free. Both loops the engine uses are driven: synchronous (`minivllm.testing.scheduling.postprocess`) and one
+is free. Both loops the engine uses are driven: synchronous (`helpers.scheduling.postprocess`) and one
 step ahead (`on_launch` now, `on_result` after the next step is scheduled)."""
 
 from dataclasses import dataclass
@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from test_block_manager import Shadow, check_accounting
 from transformers import AutoConfig
 
+from helpers.scheduling import postprocess
 from minivllm.config import Config
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.sequence import PENDING, Sequence, SequenceStatus
 from minivllm.sampling_params import SamplingParams
-from minivllm.testing.scheduling import postprocess
 
 EOS = 0
 

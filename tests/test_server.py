@@ -1,4 +1,4 @@
-"""The OpenAI-compatible server (minivllm/entrypoints/, engine/async_llm.py) with the real `openai` client on a
+"""The OpenAI-compatible server (minivllm/serve/, engine/async_llm.py) with the real `openai` client on a
 tiny model: completions and chat (also streamed) equal the offline LLM's outputs, vLLM's extra sampling
 fields reach the engine, bad requests get a 400 with OpenAI's error body and the server keeps serving,
 64 concurrent streaming clients get offline generate's greedy tokens and leave every KV block free, a client
@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.async_llm import AsyncLLM
-from minivllm.entrypoints.cli import port_free, serve_main
-from minivllm.entrypoints.openai_server import ServerThread
+from minivllm.serve.async_llm import AsyncLLM
+from minivllm.serve.cli import port_free, serve_main
+from minivllm.serve.openai_server import ServerThread
 from minivllm.utils.dist import free_port
 
 ARGS = dict(kvcache_block_size=16, max_model_len=256, max_num_seqs=16, max_num_batched_tokens=256)
@@ -367,7 +367,7 @@ def test_keep_alive_timeout_reaches_uvicorn(tiny_qwen3, monkeypatch, capsys):
     """--timeout-keep-alive (default 60 s, not uvicorn's 5: a request sent on a kept-alive connection while a
     compile stalls the server can otherwise be reset unanswered; openai_server.py) reaches uvicorn's Config; a
     value <= 0 is refused before the engine starts."""
-    from minivllm.entrypoints import cli, openai_server
+    from minivllm.serve import cli, openai_server
 
     assert cli.parse_serve_args([]).timeout_keep_alive == openai_server.TIMEOUT_KEEP_ALIVE == 60
     seen = {}

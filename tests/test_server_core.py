@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.async_llm import AsyncLLM
-from minivllm.engine.core_client import AsyncMPClient
-from minivllm.entrypoints.openai_server import ServerThread
+from minivllm.serve.async_llm import AsyncLLM
+from minivllm.serve.core_client import AsyncMPClient
+from minivllm.serve.openai_server import ServerThread
 from minivllm.utils.dist import free_port
 
 BLOCK, BLOCKS = 16, 32
@@ -330,8 +330,8 @@ def test_metrics_observe_every_output_of_a_stream():
     time, two inter-token gaps, one end-to-end latency, 5 generation tokens and one success by finish reason."""
     from types import SimpleNamespace
 
-    from minivllm.entrypoints.metrics import ServerMetrics
-    from minivllm.outputs import CompletionOutput, RequestOutput
+    from minivllm.frontend.outputs import CompletionOutput, RequestOutput
+    from minivllm.serve.metrics import ServerMetrics
 
     stats = SimpleNamespace(num_running=0, num_waiting=0, kv_cache_usage=0.0, num_preemptions=0)
     sm = ServerMetrics(SimpleNamespace(stats=stats), "m")

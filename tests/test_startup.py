@@ -74,7 +74,7 @@ def test_prefill_with_keys_from_the_cache_equals_the_fresh_path(tiny_qwen3):
 def gpu_bf16_qwen3(tmp_path_factory) -> str:
     import torch
 
-    from minivllm.testing.tiny_model import make_tiny_checkpoint
+    from helpers.tiny_model import make_tiny_checkpoint
 
     # head_dim 64 and bf16: what FlashAttention-4 runs (the CPU fixtures use head_dim 16, fp32)
     path = str(tmp_path_factory.mktemp("gpu_bf16_qwen3"))
@@ -87,7 +87,7 @@ def test_gpu_nothing_compiles_after_start(gpu_bf16_qwen3):
     every prefill), no torch.compile graph (the small ops are Triton kernels), no Triton kernel (start-up ran
     each one). Prompts of 1 to 300 tokens, one and many at a time, a prefix hit, chunked prompts, greedy and
     sampled: what a user's first requests look like."""
-    from minivllm.testing.compile_counter import CompileCounter
+    from helpers.compile_counter import CompileCounter
 
     counter = CompileCounter()
     llm = LLM(gpu_bf16_qwen3, max_model_len=1024, max_num_batched_tokens=256, num_kvcache_blocks=64, dtype="bfloat16")
@@ -179,7 +179,7 @@ def test_warmup_prefill_stores_into_a_stand_in_cache(tiny_qwen3):
     from dataclasses import replace
 
     from minivllm import kernels
-    from minivllm.engine.startup import warmup
+    from minivllm.kernels.startup import warmup
     from minivllm.utils.context import get_context
 
     llm = LLM(
@@ -229,7 +229,7 @@ def test_attention_compile_ahead_makes_the_warmup_prefills_call(tiny_qwen3, monk
     stand-in cache; it must be the kernel warmup_attention's prefill then runs, so the stand-in must make the
     layers' call: the same dtypes, head counts, page size, tokens, batch and which arguments are given (what
     the kernel's compile key is made of). Both calls recorded with the torch backend on CPU."""
-    from minivllm.engine.startup import attention_compile
+    from minivllm.kernels.startup import attention_compile
     from minivllm.layers import attention_backend
 
     calls, prefill_paged = [], attention_backend.prefill_paged
@@ -280,12 +280,12 @@ def fa4_cache(monkeypatch, tmp_path):
 
 
 def test_attention_compile_helper_process_runs_the_stand_in_and_reports_failure(tiny_qwen3, fa4_cache):
-    """The helper process (`python3 -m minivllm.engine.startup.attention_compile`) imports, then gets the stand-in
+    """The helper process (`python3 -m minivllm.kernels.startup.attention_compile`) imports, then gets the stand-in
     as a JSON line on its stdin and runs it: here with the torch backend on CPU, where it must exit cleanly; a
     backend it cannot run (FlashAttention-4 on CPU) makes wait() warn with the exit code and the helper's output
     (the runner then compiles in its own warm-up), and so does a helper that does not finish in time (then
     stopped): never a hang or an exception."""
-    from minivllm.engine.startup import attention_compile, attention_helper
+    from minivllm.kernels.startup import attention_compile, attention_helper
 
     llm = LLM(tiny_qwen3, device="cpu", num_kvcache_blocks=8)
     config, cpu = llm.model_runner.config, torch.device("cpu")
@@ -310,7 +310,7 @@ def test_attention_compile_helper_process_runs_the_stand_in_and_reports_failure(
 def test_a_helper_without_a_request_exits_on_its_own(fa4_cache):
     """A helper whose engine sends nothing exits once its idle time is up, and one whose engine's process closed
     its stdin exits at once, both without compiling: neither is left behind."""
-    from minivllm.engine.startup import attention_helper
+    from minivllm.kernels.startup import attention_helper
 
     idle = attention_helper.spawn_helper(idle_s=0.5)
     assert idle.process.wait(timeout=120) == attention_helper.NO_REQUEST
@@ -327,7 +327,7 @@ def test_an_engine_stops_the_helper_it_does_not_use(tiny_qwen3, fa4_cache, monke
     it, and one whose start-up fails after sending it the stand-in stops it too; neither leaves it compiling
     beside the next engine's KV-cache sizing."""
     from minivllm.engine.model_runner import ModelRunner
-    from minivllm.engine.startup import attention_compile
+    from minivllm.kernels.startup import attention_compile
     from minivllm.layers import attention_backend
 
     spawned, spawn = [], attention_compile.spawn_helper
@@ -353,8 +353,8 @@ def test_where_the_attention_kernel_compiles(tiny_qwen3, fa4_cache, monkeypatch)
     """ "auto": rank 0 sends it to a helper process while FlashAttention-4's disk cache is on and holds no kernel,
     else to a thread (the tensor-parallel workers always); the option can force either or turn both off; nothing
     ahead where FlashAttention-4 will not be the backend."""
-    from minivllm.engine.startup import attention_compile
     from minivllm.kernels import KernelOptions
+    from minivllm.kernels.startup import attention_compile
 
     def no_flash_attn(name):
         raise ModuleNotFoundError("No module named 'flash_attn'")  # what find_spec does without the package
@@ -394,7 +394,7 @@ def test_compile_counter_records_each_triton_compile_and_its_specialisation(monk
 
     from triton.runtime.jit import JITFunction
 
-    from minivllm.testing.compile_counter import CompileCounter
+    from helpers.compile_counter import CompileCounter
 
     monkeypatch.setattr(JITFunction, "_do_compile", lambda self, key, *args: f"kernel for {key}")
     counter = CompileCounter()

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import minivllm  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before any kernel runs)
+from helpers.scatter import scatter_rows
 from minivllm.kernels.triton.store_kvcache import store_kvcache
 from minivllm.layers.attention import store_kvcache_torch
-from minivllm.testing.scatter import scatter_rows
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

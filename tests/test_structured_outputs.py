@@ -1,5 +1,6 @@
-"""Structured outputs (minivllm/structured_outputs): every output parses. On a tiny random model, whose free text is
-garbage, the grammar alone makes it valid: a JSON schema (checked with jsonschema), any JSON object, a regex
+"""Structured outputs (minivllm/frontend/structured_outputs): every output parses. On a tiny random model,
+whose free text is garbage, the grammar alone makes it valid: a JSON schema (checked with jsonschema),
+any JSON object, a regex
 (re.fullmatch), a choice, an EBNF grammar; batched beside unconstrained rows (whose tokens do not change), with
 n > 1, under preemption. xgrammar's mask is checked against its torch reading and the padded vocabulary; invalid
 schemas, regexes and grammars are refused before anything is queued. Over HTTP with the official `openai` client:
@@ -15,13 +16,13 @@ import pytest
 import torch
 
 from conftest import needs_smollm2
+from helpers.tiny_model import CHAT_TEMPLATE, make_tiny_checkpoint
 from minivllm import LLM, SamplingParams
-from minivllm.engine.async_llm import AsyncLLM
-from minivllm.entrypoints.openai_server import ServerThread
-from minivllm.structured_outputs.bitmask import GrammarMask, allowed_tokens, apply_grammar_mask, num_words
-from minivllm.structured_outputs.grammar import GrammarCompiler, choice_grammar
-from minivllm.structured_outputs.params import StructuredOutputsParams
-from minivllm.testing.tiny_model import CHAT_TEMPLATE, make_tiny_checkpoint
+from minivllm.frontend.structured_outputs.bitmask import GrammarMask, allowed_tokens, apply_grammar_mask, num_words
+from minivllm.frontend.structured_outputs.grammar import GrammarCompiler, choice_grammar
+from minivllm.frontend.structured_outputs.params import StructuredOutputsParams
+from minivllm.serve.async_llm import AsyncLLM
+from minivllm.serve.openai_server import ServerThread
 from minivllm.utils.default_model import default_model_dir
 
 ARGS = dict(kvcache_block_size=16, max_model_len=512, num_kvcache_blocks=96, max_num_seqs=8)

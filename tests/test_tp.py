@@ -2,13 +2,13 @@
 equals plain torch on the full weights, with the collectives the design promises (Row and the embedding
 all_reduce once, the LM head gathers to rank 0, Column/QKV/Merged never talk); a whole Qwen3 decoder layer
 at TP=2 equals TP=1 with exactly 2 all_reduces; TP degrees that do not divide the head counts fail with a
-clear ValueError. One spawn of 2 processes runs every check (minivllm/testing/tp_checks.py)."""
+clear ValueError. One spawn of 2 processes runs every check (tests/helpers/tp_checks.py)."""
 
 import pytest
 
 from conftest import assert_close
-from minivllm.testing.spawn import run_tp
-from minivllm.testing.tp_checks import run_decoder_layer, tp_worker
+from helpers.spawn import run_tp
+from helpers.tp_checks import run_decoder_layer, tp_worker
 from minivllm.utils.dist import divide
 
 LINEAR = ["column", "row", "qkv", "merged"]

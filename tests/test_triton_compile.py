@@ -1,4 +1,4 @@
-"""The Triton kernels a GPU engine compiles on threads at its start (minivllm/engine/startup/triton_compile.py): the
+"""The Triton kernels a GPU engine compiles on threads at its start (minivllm/kernels/startup/triton_compile.py): the
 stand-ins must launch the variants the engine's own launches need, so that nothing compiles on the runner's
 thread. On CPU, through the Triton interpreter, by comparing what each launch would specialise on; on a GPU, in a
 fresh process over an empty Triton cache, by which thread each compile ran on."""
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.engine.startup import triton_compile
+from minivllm.kernels.startup import triton_compile
 
 KERNELS = {  # the engine's Triton kernels on a GPU, by default (layers/)
     "_rms_norm_kernel",
@@ -69,7 +69,7 @@ def test_stand_ins_launch_every_variant_the_engine_launches(tiny_qwen3, dtype, m
     from dataclasses import replace
 
     from minivllm import kernels
-    from minivllm.engine.startup import warmup
+    from minivllm.kernels.startup import warmup
     from minivllm.kernels.triton.paged_decode import paged_decode
 
     options = kernels.KernelOptions(triton_on_cpu=True)
@@ -123,7 +123,7 @@ def test_the_kernel_options_and_the_rank_choose_the_stand_ins(tiny_qwen3):
 
 FRESH_PROCESS = """
 import json, sys
-from minivllm.testing.compile_counter import CompileCounter
+from helpers.compile_counter import CompileCounter
 counter = CompileCounter()
 from minivllm import LLM, SamplingParams
 llm = LLM(sys.argv[1], max_model_len=1024, max_num_batched_tokens=256, num_kvcache_blocks=64, dtype="bfloat16")
@@ -143,7 +143,7 @@ def test_gpu_every_kernel_of_the_start_compiles_on_the_threads(tmp_path):
     triton_compile.py (the warm-up prefill and the graph capture then compile nothing on the runner's thread:
     the stand-ins made the variants they launch), every kernel of the engine is among them, and requests after
     the start compile nothing."""
-    from minivllm.testing.tiny_model import make_tiny_checkpoint
+    from helpers.tiny_model import make_tiny_checkpoint
 
     model = make_tiny_checkpoint(str(tmp_path / "model"), "qwen3", dtype=torch.bfloat16, hidden_size=128, head_dim=64)
     env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"))

@@ -100,7 +100,7 @@ def check_prompt_logprobs(got, prompt: list[int], ref: torch.Tensor, k: int) -> 
 
 
 def test_prompt_logprobs_match_transformers_across_chunks_and_prefix_hits(chunked, llm, hf_model, monkeypatch):
-    monkeypatch.setattr("minivllm.engine.prompt_logprobs.SLICE", 7)  # positions scored 7 at a time
+    monkeypatch.setattr("minivllm.frontend.prompt_logprobs.SLICE", 7)  # positions scored 7 at a time
     prompt = LONG[:120]
     ref = reference_prompt_logprobs(hf_model, prompt)
     sp = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3)
@@ -231,8 +231,8 @@ NAME = "tiny"
 @pytest.fixture(scope="module", params=[False, True], ids=["in-process", "core-process"])
 def server(chat_model, request):
     """The server over an in-process engine, and over the engine core in its own process (`minivllm serve`)."""
-    from minivllm.engine.async_llm import AsyncLLM
-    from minivllm.entrypoints.openai_server import ServerThread
+    from minivllm.serve.async_llm import AsyncLLM
+    from minivllm.serve.openai_server import ServerThread
 
     llm = AsyncLLM(chat_model, **ARGS, max_num_batched_tokens=64, multiprocess=request.param)
     with ServerThread(llm, NAME) as srv:
@@ -368,7 +368,7 @@ def test_vllm_engine_arguments(tiny_qwen3, tmp_path, caplog):
 
 
 def test_chat_continue_final_message(tiny_qwen3, tmp_path):
-    from minivllm.testing.tiny_model import CHAT_TEMPLATE, make_tiny_checkpoint
+    from helpers.tiny_model import CHAT_TEMPLATE, make_tiny_checkpoint
 
     path = make_tiny_checkpoint(str(tmp_path / "chat"), "qwen3", chat_template=CHAT_TEMPLATE)
     engine = LLM(path, max_model_len=128, num_kvcache_blocks=16, kvcache_block_size=16, max_num_seqs=4)

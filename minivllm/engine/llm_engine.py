@@ -24,16 +24,16 @@ from dataclasses import dataclass
 
 from minivllm.checkpoint import load_tokenizer
 from minivllm.config import Config
-from minivllm.engine import prompt_logprobs
 from minivllm.engine.model_runner import ModelRunner, StepHandle
-from minivllm.engine.processor import Processor, eos_token_ids
-from minivllm.engine.requests import FINAL_ONLY, Request
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.sequence import Sequence
 from minivllm.engine.tp_workers import Workers
-from minivllm.outputs import RequestOutput
+from minivllm.frontend import prompt_logprobs
+from minivllm.frontend.outputs import RequestOutput
+from minivllm.frontend.processor import Processor, eos_token_ids
+from minivllm.frontend.requests import FINAL_ONLY, Request
+from minivllm.frontend.structured_outputs.manager import StructuredOutputs
 from minivllm.sampling_params import SamplingParams
-from minivllm.structured_outputs.manager import StructuredOutputs
 from minivllm.utils.dist import free_port
 
 
@@ -104,7 +104,7 @@ class LLMEngine:
         return Processor.of(self.config, self.tokenizer)
 
     def add_request(self, request_id: str, prompt, params: SamplingParams | None = None) -> None:
-        """Queue a request (vLLM's signature): `prompt` in any form of minivllm/inputs.py, or a Request that a
+        """Queue a request (vLLM's signature): `prompt` in any form of minivllm/frontend/inputs.py, or a Request that a
         Processor made already (in another thread, with its own tokenizer). It joins the batch at the next step.
         Raises ValueError / TypeError naming the problem; a refused request leaves nothing behind."""
         request = prompt if isinstance(prompt, Request) else self.processor.process(request_id, prompt, params)

@@ -9,16 +9,17 @@ import torch
 
 from minivllm import kernels
 from minivllm.config import Config
-from minivllm.engine import cuda_graphs, prompt_logprobs, step_inputs
+from minivllm.engine import cuda_graphs, step_inputs
 from minivllm.engine.cuda_graphs import DecodeGraphs
 from minivllm.engine.kv_cache import GpuMemory, allocate_zeroed, kv_block_bytes, kv_cache_shape, num_kvcache_blocks
-from minivllm.engine.sampling_inputs import prepare_sampling, sample_tokens
 from minivllm.engine.sequence import Sequence
-from minivllm.engine.startup import CompileAhead, timed, warmup
 from minivllm.engine.step_handle import StepHandle
 from minivllm.engine.step_inputs import DecodeLayout, InputBuffers, StepInput
+from minivllm.frontend import prompt_logprobs
+from minivllm.frontend.sampling_inputs import prepare_sampling, sample_tokens
 from minivllm.kernels.cpu import linear as cpu_linear
 from minivllm.kernels.cpu import ops as cpu_ops
+from minivllm.kernels.startup import CompileAhead, timed, warmup
 from minivllm.layers import attention_backend
 from minivllm.layers.attention import Attention
 from minivllm.layers.sampler import Sampler

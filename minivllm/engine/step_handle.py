@@ -2,7 +2,7 @@
 
 import torch
 
-from minivllm.layers.logprobs import LogprobsTensors
+from minivllm.frontend.logprobs import LogprobsTensors
 
 
 class StepHandle:

@@ -1,0 +1,245 @@
+"""The API server's client of the engine-core process (vLLM V1's AsyncMPClient + AsyncLLM front end), with
+AsyncLLM's interface: `async for output in client.generate(prompt, params, request_id)`, abort(), shutdown().
+
+    API server process                                    engine-core process (core.py)
+    event loop: HTTP, SSE   output thread                 LLMEngine stepping
+    generate() --- AddRequest over ZMQ (PUSH) ----------> scheduler + model
+    its collector  <------- RequestOutputs <-- decode --- StepOutputs, one per step (PUSH)
+                            detokenise, stop strings,
+                            merge n children
+
+The output thread blocks in ZMQ (releasing the GIL) until the core's next message or death (its process
+sentinel is polled beside the socket): a dead core ends every open stream with EngineDeadError at once and
+`is_running` turns False (/health: 503). A step's outputs reach an event loop in one call_soon_threadsafe.
+One lock guards the request table and the sending socket, shared by the event loops that call generate() and
+the output thread (which aborts requests that hit a stop string). shutdown() asks the core to stop (it aborts
+what runs, stops its TP workers, exits), then waits for it."""
+
+import asyncio
+import atexit
+import itertools
+import threading
+import weakref
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+import zmq
+from transformers import AutoConfig
+
+from minivllm.checkpoint import load_tokenizer
+from minivllm.frontend.output_processor import (
+    RequestOutputCollector,
+    RequestState,
+    make_state,
+    request_output,
+    update,
+)
+from minivllm.frontend.outputs import RequestOutput
+from minivllm.frontend.processor import Processor
+from minivllm.sampling_params import SamplingParams
+from minivllm.serve import messages as m
+from minivllm.serve.core_process import CoreProcess
+from minivllm.serve.messages import EngineDeadError
+
+
+class AsyncMPClient:
+    def __init__(self, model: str, **engine_args) -> None:
+        """Start an engine core on `model` in a new process and wait until it is ready (its error, if not)."""
+        self.engine_args = dict(engine_args)
+        self.core = CoreProcess(model, self.engine_args)
+        self.lock = threading.Lock()
+        self.requests: dict[str, RequestState] = {}  # by request id
+        self.children: dict[str, RequestState] = {}  # by core request id
+        self.calls: dict[int, tuple] = {}  # utility call id -> (loop, future)
+        self.call_ids = itertools.count()
+        self.stats = m.SchedulerStats(0, 0, 0.0, 0)  # the core's gauges after its last step
+        self.error: BaseException | None = None  # why the core stopped
+        self.closed, self.stopping = False, False  # the core is gone; shutdown() asked it to stop
+        try:
+            self.info = self.core.wait_ready()
+            self.tokenizer = load_tokenizer(self.info.tokenizer, AutoConfig.from_pretrained(model))
+        except BaseException:
+            self.core.stop(timeout=10)
+            self.core.close()
+            raise
+        self.model, self.max_model_len = self.info.model, self.info.max_model_len
+        self.tokenizer_dir = self.info.tokenizer
+        i = self.info  # the core's limits: requests are checked here, as the offline engine checks them
+        self.processor = Processor(
+            self.tokenizer, i.vocab_size, i.max_model_len, i.kvcache_block_size, i.num_kvcache_blocks,
+            i.tensor_parallel_size,
+        )  # fmt: skip
+        self.thread = threading.Thread(target=self._run, name="minivllm-outputs", daemon=True)
+        self.thread.start()
+        this = weakref.ref(self)  # at exit, stop the core of a client still alive
+        self._atexit = lambda: this() is not None and this().shutdown()
+        atexit.register(self._atexit)
+
+    # --- the asyncio side ---------------------------------------------------------------------------------
+
+    @property
+    def is_running(self) -> bool:
+        return not self.closed
+
+    def generate(self, prompt, sampling_params: SamplingParams | None, request_id: str) -> AsyncIterator[RequestOutput]:
+        """AsyncLLM.generate's contract: a bad request raises ValueError / TypeError here, before anything is
+        queued; closing the iteration aborts the request. Text prompts are tokenised here: the server passes
+        token ids it tokenised off the event loop."""
+        if self.closed:
+            raise EngineDeadError(f"the engine is not running: {self.error!r}")
+        request = self.processor.process(request_id, prompt, sampling_params)
+        return self._stream(request_id, request.prompt, request.prompt_token_ids, request.params)
+
+    async def _stream(self, request_id: str, text, ids: list[int], params: SamplingParams):
+        queue = RequestOutputCollector(params.output_kind)  # merges DELTA outputs a slow consumer has not taken
+        state = make_state(request_id, text, ids, params, self.tokenizer, asyncio.get_running_loop(), queue)
+        with self.lock:
+            if request_id in self.requests:
+                raise ValueError(f"request id {request_id!r} is already in use")
+            if self.closed:
+                raise EngineDeadError(f"the engine is not running: {self.error!r}")
+            self.requests[request_id] = state
+            for cid, child in state.children.items():
+                self.children[cid] = state
+                self.core.send(m.AddRequest.make(cid, ids, child.sampling_params))
+        async with aclosing(queue.outputs(abort=lambda: self.abort(request_id))) as outputs:  # aborts at once
+            async for output in outputs:
+                yield output
+
+    def abort(self, request_id: str | list[str]) -> None:
+        """Abort requests (thread-safe; unknown ids are ignored); the core frees their blocks."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        with self.lock:
+            cids = []
+            for rid in ids:
+                state = self.requests.pop(rid, None)
+                for cid in state.children if state is not None else []:
+                    self.children.pop(cid, None)
+                    cids.append(cid)
+            if cids and not self.closed:
+                self.core.send(m.Abort(cids))
+
+    def abort_all(self) -> None:
+        """Every request ends now with finish_reason "abort" (the core answers with their final outputs). Safe
+        in a signal handler: the interrupted thread may hold the lock, so a helper thread takes it."""
+        threading.Thread(target=self._abort_all, name="minivllm-abort-all", daemon=True).start()
+
+    def _abort_all(self) -> None:
+        with self.lock:
+            if not self.closed:
+                self.core.send(m.AbortAll())
+
+    async def reset_prefix_cache(self) -> bool:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self.lock:
+            if self.closed:
+                raise EngineDeadError(f"the engine is not running: {self.error!r}")
+            call_id = next(self.call_ids)
+            self.calls[call_id] = (loop, future)
+            self.core.send(m.Utility(call_id, "reset_prefix_cache"))
+        return await future
+
+    def shutdown(self, timeout: float = 60) -> None:
+        """Abort every request, stop the core (and its TP workers), and wait for it."""
+        atexit.unregister(self._atexit)
+        if self.stopping:  # shut down already
+            return
+        self.stopping = True
+        with self.lock:  # (the core's last outputs, each stream's "abort", still reach their streams)
+            self.core.send(m.Shutdown())
+        self.core.stop(timeout)
+        if self.thread.is_alive() and threading.current_thread() is not self.thread:
+            self.thread.join(timeout)
+        self._close(EngineDeadError("the engine was shut down"))
+        self.core.close()
+
+    # --- the output thread ----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.core.output, zmq.POLLIN)
+        poller.register(self.core.process.sentinel, zmq.POLLIN)
+        while True:
+            events = dict(poller.poll())
+            if self.core.output in events:
+                while True:  # the core's messages in order; the sentinel only after they are read
+                    try:
+                        msg = self.core.dec.decode(self.core.output.recv(zmq.NOBLOCK))
+                    except zmq.Again:
+                        break
+                    self._process(msg)
+            elif events:  # the core's process ended, its last messages read
+                self.core.process.join(1)
+                code = self.core.process.exitcode
+                why = "was shut down" if self.stopping else f"core process exited with code {code}"
+                self._close(EngineDeadError(f"the engine {why}"))
+                return
+
+    def _process(self, msg: m.StepOutputs) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        with self.lock:
+            self.stats = msg.stats
+            stopped, changed = [], {}  # changed: request id -> (state, its children that got something)
+            for step in msg.outputs:
+                state = self.children.get(step.request_id)
+                if state is None:  # aborted meanwhile
+                    continue
+                if step.finish_reason == "error":  # the core refused it: the request fails, its other children stop
+                    self.requests.pop(state.request_id, None)
+                    for cid in state.children:
+                        if self.children.pop(cid, None) is not None and cid != step.request_id:
+                            stopped.append(cid)
+                    by_loop.setdefault(state.loop, []).append((state.queue, ValueError(step.stop_reason)))
+                    continue
+                child = state.children[step.request_id]
+                if update(state, child, step):
+                    stopped.append(step.request_id)
+                if child.finish_reason is not None:
+                    del self.children[step.request_id]
+                changed.setdefault(state.request_id, (state, []))[1].append(child)
+            for state, children in changed.values():
+                output = request_output(state, children, self.tokenizer)
+                if output is not None:
+                    by_loop.setdefault(state.loop, []).append((state.queue, output))
+                    if output.finished:
+                        self.requests.pop(state.request_id, None)
+            if stopped:
+                self.core.send(m.Abort(stopped))
+            if msg.utility is not None:
+                loop, future = self.calls.pop(msg.utility[0])
+                by_loop.setdefault(loop, []).append((future, msg.utility[1]))
+        for loop, items in by_loop.items():
+            _send(loop, _put_all, items)
+
+    def _close(self, error: EngineDeadError) -> None:
+        """The core is gone: every open stream and call ends with `error`."""
+        with self.lock:
+            if self.closed:
+                return
+            self.closed, self.error = True, error
+            by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+            for state in self.requests.values():
+                by_loop.setdefault(state.loop, []).append((state.queue, error))
+            for loop, future in self.calls.values():
+                by_loop.setdefault(loop, []).append((future, error))
+            self.requests.clear()
+            self.children.clear()
+            self.calls.clear()
+        for loop, items in by_loop.items():
+            _send(loop, _put_all, items)
+
+
+def _send(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # that event loop is closed: nobody listens
+        pass
+
+
+def _put_all(items: list) -> None:
+    for target, item in items:
+        if isinstance(target, RequestOutputCollector):
+            target.put_nowait(item)
+        elif not target.done():
+            target.set_exception(item) if isinstance(item, BaseException) else target.set_result(item)

@@ -1,0 +1,87 @@
+"""The server's Prometheus metrics under vLLM's family names (GET /metrics, Prometheus text format), in a
+registry of the server's own (two servers in one process never share counts):
+
+- gauges read at each scrape from the engine's scheduler: `vllm:num_requests_running`,
+  `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (0..1), and the counter `vllm:num_preemptions`;
+- counted as each request's outputs pass through the server: `vllm:prompt_tokens_total`,
+  `vllm:generation_tokens_total`, `vllm:request_success_total{finished_reason}`, and the histograms
+  `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds` (the gaps between a request's
+  outputs, per token) and `vllm:e2e_request_latency_seconds`. A request answered in one piece (no stream)
+  has no first-token or inter-token time to observe here."""
+
+import time
+from collections.abc import AsyncIterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from minivllm.frontend.outputs import RequestOutput
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
+
+
+class ServerMetrics:
+    def __init__(self, llm, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        label = dict(model_name=model_name)
+        reg = dict(labelnames=["model_name"], registry=self.registry)
+        gauges = (
+            ("vllm:num_requests_running", "Requests in the running batch.", lambda: llm.stats.num_running),
+            ("vllm:num_requests_waiting", "Requests waiting to be scheduled.", lambda: llm.stats.num_waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", lambda: llm.stats.kv_cache_usage),
+        )
+        for name, doc, read in gauges:
+            Gauge(name, doc, **reg).labels(**label).set_function(read)
+        self.preemptions = Counter("vllm:num_preemptions", "Preempted sequences.", **reg).labels(**label)
+        self.seen_preemptions = 0
+        self.llm = llm
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of requests.", **reg).labels(**label)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", **reg).labels(**label)
+        self.success = Counter(
+            "vllm:request_success",
+            "Finished requests by finish reason.",
+            labelnames=["model_name", "finished_reason"],
+            registry=self.registry,
+        )
+        self.model_name = model_name
+        hist = lambda name, doc, buckets: Histogram(name, doc, buckets=buckets, **reg).labels(**label)
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Time to the first token.", TTFT_BUCKETS)
+        self.itl = hist("vllm:inter_token_latency_seconds", "Time between output tokens.", ITL_BUCKETS)
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "Request latency, arrival to finish.", E2E_BUCKETS)
+
+    def render(self) -> bytes:
+        preemptions = self.llm.stats.num_preemptions
+        if preemptions > self.seen_preemptions:
+            self.preemptions.inc(preemptions - self.seen_preemptions)
+            self.seen_preemptions = preemptions
+        return generate_latest(self.registry)
+
+    async def observe(self, stream: AsyncIterator[RequestOutput], streaming: bool) -> AsyncIterator[RequestOutput]:
+        """`stream`, its outputs counted as they pass (the latencies only of a streamed request, whose outputs
+        come as the tokens do). Closing this closes `stream` (aborting its request)."""
+        start = time.monotonic()
+        last, first, done = None, True, set()
+        try:
+            async for output in stream:
+                now = time.monotonic()
+                if first:
+                    self.prompt_tokens.inc(len(output.prompt_token_ids))
+                    first = False
+                tokens = sum(len(c.token_ids) for c in output.outputs)
+                self.generation_tokens.inc(tokens)
+                if tokens and streaming:
+                    if last is None:
+                        self.ttft.observe(now - start)
+                    elif last is not None:
+                        self.itl.observe((now - last) / tokens)
+                    last = now
+                for c in output.outputs:
+                    if c.finish_reason is not None and c.index not in done:
+                        done.add(c.index)
+                        self.success.labels(model_name=self.model_name, finished_reason=c.finish_reason).inc()
+                if output.finished:
+                    self.e2e.observe(now - start)
+                yield output
+        finally:
+            await stream.aclose()

@@ -1,0 +1,234 @@
+"""An OpenAI-compatible HTTP server over the async engine (vLLM's `vllm serve`; FastAPI + uvicorn):
+GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions, the last two also streaming
+(`"stream": true`: server-sent events, one `data: {chunk}` per step with new tokens, then `data: [DONE]`), and
+vLLM's POST /reset_prefix_cache (for benchmarks), GET /metrics (Prometheus, metrics.py), POST /tokenize,
+POST /detokenize, GET /version. `run_server` (what `minivllm serve` runs) puts the engine core in a process
+of its own (engine/core_client.py); tokenising, chat templates and detokenising prompts run in a pool of
+processes (tokenizer_pool.py): the event loop does HTTP, JSON and SSE only, so /health answers at once
+while a 5 MB prompt is tokenised.
+
+Each HTTP request becomes one engine request per prompt (their `n` sequences are the choices); their
+outputs are merged into one response. Bad input is a 400 with OpenAI's error body {"error": {"message",
+"type", "param", "code"}}, and nothing is queued. A client that disconnects cancels its handler, which
+closes its streams, which aborts its requests (async_llm.py): their blocks are freed at the next step.
+SIGINT / SIGTERM abort every request first (streams end with finish_reason "abort"), then uvicorn closes
+the connections and the engine stops with its TP workers (`run_server`)."""
+
+import asyncio
+import signal
+import threading
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from minivllm.frontend.inputs import is_token_ids
+from minivllm.serve.async_llm import AsyncLLM, EngineDeadError
+from minivllm.serve.metrics import ServerMetrics
+from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from minivllm.serve.responses import ChatCompletions, Completions, error_response
+from minivllm.serve.serving_utils import BadRequest, bad_request, until_disconnect
+from minivllm.serve.tokenizer_pool import TokenizerPool
+from minivllm.serve.tokens import add_token_routes
+from minivllm.utils.dist import free_port
+
+# How long an idle keep-alive connection stays open (uvicorn's and vLLM's default: 5 s). Longer here: an engine
+# in this process (AsyncLLM without its own core process) shares the GIL, and a kernel compiling inside it can hold
+# the GIL for seconds. When the event loop resumes after such a stall it may run an expired keep-alive timer
+# before reading the client's next request, already in the socket: the connection is reset and the request is
+# lost without a line in the log. `scripts/serve_stall.py` shows it on CPU (a 7 s stall: 40 of 160 requests lost
+# with 5 s, none with 60 s; benchmarks/RESULTS.md).
+TIMEOUT_KEEP_ALIVE = 60.0
+
+# --- pieces of the responses -------------------------------------------------------------------------------
+
+
+def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) -> FastAPI:
+    """The FastAPI app serving `llm` as `served_model_name`; with `owns_engine`, its shutdown stops the engine."""
+    max_model_len = llm.max_model_len
+    tokens = TokenizerPool(llm.model, max_model_len, tokenizer=llm.tokenizer_dir)
+    metrics = ServerMetrics(llm, served_model_name)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await tokens.warm_up()  # its processes start (import transformers, load the tokenizer) before serving
+        yield
+        await asyncio.to_thread(tokens.shutdown)
+        if owns_engine:
+            await asyncio.to_thread(llm.shutdown)
+
+    app = FastAPI(title="minivllm", lifespan=lifespan)
+    add_token_routes(app, tokens, served_model_name)
+
+    def generate(prompt_ids: list[int], sp, rid: str, streaming: bool):
+        return metrics.observe(llm.generate({"prompt_token_ids": prompt_ids}, sp, rid), streaming)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        first = errors[0]
+        if first["type"] == "json_invalid":
+            return error_response(f"malformed JSON body: {first.get('ctx', {}).get('error', first['msg'])}")
+        loc = [str(x) for x in first["loc"] if x != "body"]
+        param = loc[0] if loc else None
+        where = ".".join(loc) or "request body"
+        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+        return error_response(f"{where}: {first['msg']}{more}", param)
+
+    def check(body: SamplingFields) -> None:
+        if body.model is not None and body.model != served_model_name:
+            raise BadRequest(
+                f"The model `{body.model}` does not exist (this server serves `{served_model_name}`)", "model", 404
+            )
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200) if llm.is_running else error_response("the engine stopped", status=503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict:  # vLLM's (benchmarks start each run with a cold cache)
+        return dict(reset=await llm.reset_prefix_cache())
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        card = dict(id=served_model_name, object="model", created=int(time.time()), owned_by="minivllm")
+        card.update(root=llm.model, max_model_len=max_model_len)
+        return dict(object="list", data=[card])
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: Request):
+        try:
+            check(body)
+            if body.suffix:
+                raise BadRequest("suffix is not supported", "suffix")
+            if body.best_of is not None and body.best_of != body.n:
+                raise BadRequest("best_of must equal n (beam search is not supported)", "best_of")
+            prompts = [body.prompt] if isinstance(body.prompt, str) or is_token_ids(body.prompt) else body.prompt
+            if not prompts:
+                raise BadRequest("prompt must not be empty", "prompt")
+            sp = body.sampling_params(body.max_tokens, body.logprobs)
+            rid = f"cmpl-{uuid.uuid4().hex}"
+            ids = [await tokens.encode(p) if isinstance(p, str) else p for p in prompts]  # off the event loop
+            streams = [generate(p, sp, f"{rid}-{i}", bool(body.stream)) for i, p in enumerate(ids)]
+        except (ValueError, TypeError) as e:
+            return bad_request(e)
+        except EngineDeadError as e:
+            return error_response(str(e), status=500)
+        echo = [p if isinstance(p, str) else await tokens.decode(p) for p in prompts] if body.echo else None
+        run = Completions(body, rid, served_model_name, streams, echo, tokenizer=llm.tokenizer)
+        if body.stream:
+            return StreamingResponse(run.stream(), media_type="text/event-stream")
+        return await until_disconnect(raw, run.full())
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, raw: Request):
+        try:
+            check(body)
+            if body.tools:
+                raise BadRequest("tools are not supported", "tools")
+            if body.top_logprobs is not None and not body.logprobs:
+                raise BadRequest("top_logprobs needs logprobs set to true", "top_logprobs")
+            kwargs = dict(body.chat_template_kwargs or {})
+            if body.continue_final_message:
+                kwargs["continue_final_message"] = True
+            try:  # the template and the tokenizer off the event loop
+                ids = await tokens.chat(body.conversation(), body.add_generation_prompt, **kwargs)
+            except ValueError as e:
+                raise BadRequest(str(e), "messages") from None
+            max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+            sp = body.sampling_params(max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
+            rid = f"chatcmpl-{uuid.uuid4().hex}"
+            streams = [generate(ids, sp, rid, bool(body.stream))]
+        except (ValueError, TypeError) as e:
+            return bad_request(e, "messages")
+        except EngineDeadError as e:
+            return error_response(str(e), status=500)
+        run = ChatCompletions(body, rid, served_model_name, streams, None)
+        if body.stream:
+            return StreamingResponse(run.stream(), media_type="text/event-stream")
+        return await until_disconnect(raw, run.full())
+
+    return app
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server; on SIGINT / SIGTERM it first aborts every request, so that streams end at once
+    (finish_reason "abort") and the graceful shutdown does not wait for long generations."""
+
+    def __init__(self, config: uvicorn.Config, llm: AsyncLLM) -> None:
+        super().__init__(config)
+        self.llm = llm
+
+    def handle_exit(self, sig, frame) -> None:
+        self.llm.abort_all()
+        super().handle_exit(sig, frame)
+
+
+def run_server(
+    model: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    served_model_name: str | None = None,
+    log_level: str = "info",
+    timeout_keep_alive: float = TIMEOUT_KEEP_ALIVE,
+    **engine_args,
+) -> None:
+    """Serve until SIGINT / SIGTERM; then the requests are aborted, the connections closed, the engine core
+    process and its TP workers stopped, and this returns (uvicorn re-raises the signal it caught: it finds a
+    no-op here)."""
+    llm = AsyncLLM(model, multiprocess=True, **engine_args)
+    app = build_app(llm, served_model_name or model, owns_engine=True)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_keep_alive=timeout_keep_alive,
+        timeout_graceful_shutdown=10,
+    )
+    previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        Server(config, llm).run()
+    finally:
+        llm.shutdown()  # (done already by the app's shutdown, unless uvicorn failed to start)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+class ServerThread:
+    """The server in a background thread of this process, for tests and notebooks:
+    `with ServerThread(llm, "name") as server: server.url`. The engine stays the caller's."""
+
+    def __init__(self, llm: AsyncLLM, served_model_name: str, host: str = "127.0.0.1", port: int | None = None):
+        self.port = port or free_port()
+        self.url = f"http://{host}:{self.port}"
+        config = uvicorn.Config(
+            build_app(llm, served_model_name),
+            host=host,
+            port=self.port,
+            log_level="warning",
+            timeout_keep_alive=TIMEOUT_KEEP_ALIVE,
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="minivllm-server", daemon=True)
+
+    def __enter__(self) -> "ServerThread":
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.time() > deadline:
+                raise RuntimeError(f"the server did not start on port {self.port}")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)

@@ -1,0 +1,222 @@
+"""The bodies of the OpenAI-compatible server's answers (openai_server.py): a request's engine streams merged
+into one response, or turned into server-sent-event chunks, in OpenAI's shapes with vLLM's additions (usage in
+every response, `stop_reason`, logprobs as OpenAI lays them out for completions and for chat, the prompt's
+logprobs first with `echo`, and `echo` with max_tokens 0 answering the prompt scored)."""
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+import msgspec
+from fastapi.responses import JSONResponse
+
+from minivllm.frontend.outputs import CompletionOutput, RequestOutput
+from minivllm.serve.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs_part
+from minivllm.serve.messages import EngineDeadError
+
+
+def error_response(message: str, param: str | None = None, status: int = 400) -> JSONResponse:
+    kinds = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
+    kind = kinds[status]
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
+
+
+_json = msgspec.json.Encoder()  # a chunk's JSON several times faster than json.dumps (one chunk per token)
+
+
+def sse(data) -> bytes:
+    return b"data: " + (_json.encode(data) if not isinstance(data, str) else data.encode()) + b"\n\n"
+
+
+async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(i, output) from several streams as they come. Leaving early closes every stream (aborting its request)."""
+    if len(streams) == 1:  # the common case: no task and queue between the stream and its reader
+        try:
+            async for output in streams[0]:
+                yield 0, output
+        finally:
+            await streams[0].aclose()
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    end = object()
+
+    async def pump(i: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for output in stream:
+                queue.put_nowait((i, output))
+        except Exception as e:
+            queue.put_nowait((i, e))
+        finally:
+            queue.put_nowait((i, end))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is end:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return dict(
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens
+    )
+
+
+# --- the app -----------------------------------------------------------------------------------------------
+
+
+class Completions:
+    """One /v1/completions request: its engine streams turned into a response or into SSE chunks."""
+
+    object, chunk_object = "text_completion", "text_completion"
+
+    def __init__(self, body, rid: str, model: str, streams: list, echo: list[str] | None, tokenizer=None) -> None:
+        self.body, self.rid, self.model, self.streams, self.echo = body, rid, model, streams, echo
+        self.tokenizer = tokenizer  # decodes the first prompt token of an echo with logprobs
+        self.score_only = getattr(body, "score_only", False)  # echo with max_tokens 0: the prompt, scored
+        self.prompts: dict[int, RequestOutput] = {}  # prompt i's first output (its prompt logprobs)
+        self.created = int(time.time())
+        self.n = body.n
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.text_len: dict[int, int] = {}  # choice -> characters sent (logprobs' text offsets)
+
+    def head(self, obj: str) -> dict:
+        return dict(id=self.rid, object=obj, created=self.created, model=self.model)
+
+    def logprobs(self, i: int, c: CompletionOutput, echo: bool):
+        """The choice's logprobs: with echo, in its first chunk, the prompt's first (vLLM's shape)."""
+        k, as_ids = self.body.logprobs, self.body.return_tokens_as_token_ids
+        if k is None:
+            return None
+        index = i * self.n + c.index
+        prompt = self.prompts.get(i)
+        if not (echo and prompt is not None and prompt.prompt_logprobs):
+            return completion_logprobs(c, k, self.text_len.get(index, 0), as_ids)
+        head = prompt_logprobs_part(prompt, k, as_ids, self.tokenizer)
+        tail = completion_logprobs(c, k, sum(map(len, head["tokens"])), as_ids)
+        return {key: head[key] + tail[key] for key in head}
+
+    def choice(self, i: int, c: CompletionOutput) -> dict:
+        index = i * self.n + c.index
+        if self.score_only:  # the one token run to score the prompt is not part of the answer
+            c = replace(c, text="", token_ids=[], logprobs=[] if c.logprobs is not None else None)
+            c.finish_reason, c.stop_reason = ("length", None) if c.finish_reason else (None, None)
+        echo = bool(self.echo) and index not in self.text_len  # echo: in the first chunk
+        text = (self.echo[i] if echo else "") + c.text
+        choice = dict(index=index, text=text, logprobs=self.logprobs(i, c, echo))
+        self.text_len[index] = self.text_len.get(index, 0) + len(text)
+        return dict(**choice, finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+
+    def count(self, i: int, output: RequestOutput, first: bool) -> None:
+        if first:
+            self.prompts[i] = output
+        self.prompt_tokens += len(output.prompt_token_ids) if first else 0
+        self.completion_tokens += 0 if self.score_only else sum(len(c.token_ids) for c in output.outputs)
+
+    async def full(self) -> dict | JSONResponse:
+        try:
+            results: dict[int, RequestOutput] = {}
+            async for i, output in merge(self.streams):
+                results[i] = output
+        except EngineDeadError as e:
+            return error_response(str(e), status=500)
+        choices = []
+        for i in sorted(results):
+            self.count(i, results[i], True)
+            choices += [self.choice(i, c) for c in results[i].outputs]
+        return self.response(sorted(choices, key=lambda c: c["index"]))
+
+    def response(self, choices: list[dict]) -> dict:
+        return dict(**self.head(self.object), choices=choices, usage=usage(self.prompt_tokens, self.completion_tokens))
+
+    async def stream(self) -> AsyncIterator[str]:
+        opts = self.body.stream_options
+        continuous = bool(opts and opts.continuous_usage_stats)
+        seen: set[int] = set()
+        try:
+            async for i, output in merge(self.streams):
+                first = i not in seen
+                seen.add(i)
+                self.count(i, output, first)
+                for chunk in self.chunks(i, output, first):
+                    if continuous:
+                        chunk["usage"] = usage(self.prompt_tokens, self.completion_tokens)
+                    yield sse(chunk)
+            if opts and opts.include_usage:
+                yield sse(
+                    dict(
+                        **self.head(self.chunk_object),
+                        choices=[],
+                        usage=usage(self.prompt_tokens, self.completion_tokens),
+                    )
+                )
+        except EngineDeadError as e:
+            yield sse({"error": {"message": str(e), "type": "InternalServerError", "param": None, "code": 500}})
+        yield sse("[DONE]")
+
+    def chunks(self, i: int, output: RequestOutput, first: bool) -> list[dict]:
+        return [
+            dict(**self.head(self.chunk_object), choices=[self.choice(i, c)])
+            for c in output.outputs
+            # a chunk for every step with new tokens, as vLLM sends (their text may be empty: a partial UTF-8
+            # character, a held-back stop-string prefix, or tokens that decode to nothing)
+            if c.text
+            or c.token_ids
+            or c.finish_reason
+            or c.logprobs
+            or (self.echo and i * self.n + c.index not in self.text_len)
+        ]
+
+
+class ChatCompletions(Completions):
+    """One /v1/chat/completions request: the assistant's message, or its deltas."""
+
+    object, chunk_object = "chat.completion", "chat.completion.chunk"
+
+    def logprobs(self, choice: int, c: CompletionOutput):
+        if not self.body.logprobs:
+            return None
+        return chat_logprobs(c, self.body.top_logprobs or 0, self.body.return_tokens_as_token_ids)
+
+    def choice(self, i: int, c: CompletionOutput) -> dict:
+        message = dict(role="assistant", content=c.text)
+        return dict(
+            index=c.index,
+            message=message,
+            logprobs=self.logprobs(c.index, c),
+            finish_reason=c.finish_reason,
+            stop_reason=c.stop_reason,
+        )
+
+    def chunks(self, i: int, output: RequestOutput, first: bool) -> list[dict]:
+        chunks = []
+        if first:  # the role first, for every choice (OpenAI's stream starts so)
+            for index in range(self.n):
+                delta = dict(role="assistant", content="")
+                chunks.append(
+                    dict(
+                        **self.head(self.chunk_object),
+                        choices=[dict(index=index, delta=delta, logprobs=None, finish_reason=None)],
+                    )
+                )
+        for c in output.outputs:
+            if c.text or c.finish_reason or c.logprobs:
+                choice = dict(index=c.index, delta=dict(content=c.text), logprobs=self.logprobs(c.index, c))
+                choice.update(finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+                chunks.append(dict(**self.head(self.chunk_object), choices=[choice]))
+        return chunks
+
+
+# --- running it --------------------------------------------------------------------------------------------
