@@ -6,7 +6,7 @@ import os
 
 # AutoTokenizer's modules are imported with the engine, not at its first tokenizer: imported there, they measured
 # ~5 s more in the engine's start on the H200 (the FlashAttention-4 import then loaded what this one had before it)
-from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
 
 # what the engine reads from a checkpoint's config.json (the model's shape, its norm, activation and RoPE)
 ENGINE_KEYS = (
@@ -48,3 +48,16 @@ def load_tokenizer(model: str, hf_config: PretrainedConfig):
             if "tokenizer_class" in json.load(f):
                 return AutoTokenizer.from_pretrained(model, config=hf_config)
     return AutoTokenizer.from_pretrained(model)
+
+
+def eos_token_ids(model: str, tokenizer) -> list[int]:
+    """The checkpoint's end-of-sequence tokens: its generation config's and its tokenizer's."""
+    ids = set()
+    try:
+        eos = GenerationConfig.from_pretrained(model).eos_token_id
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    except OSError:
+        pass
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)

@@ -1,7 +1,12 @@
 """The user-facing class, vLLM's offline API: `LLM(model_dir, **engine_args)` with `generate(prompts,
-sampling_params)`, `chat(messages, sampling_params)`, `get_tokenizer()` and `reset_prefix_cache()`. It drives
-the engine's step API (llm_engine.py) until its requests are done; the server drives the same API from its
-own loop (engine/async_llm.py). Prompts take every form of minivllm/frontend/inputs.py."""
+sampling_params)`, `chat(messages, sampling_params)`, `get_tokenizer()` and `reset_prefix_cache()`. It is the
+engine (llm_engine.py) with its front end around it, as vLLM's LLMEngine: a request is tokenized and checked
+(frontend/processor.py) before the engine queues it, the engine is given the sampling extras
+(frontend/sampling_extras.py), and what each step emits (token ids) becomes RequestOutputs in the one output
+processor (frontend/output_processor.py). Its step API, `add_request(request_id, prompt, params)`,
+`abort_request(ids)`, `step() -> list[RequestOutput]`, is what `generate` drives until its requests are done and
+what the async engine's thread drives (serve/async_llm.py). Prompts take every form of
+minivllm/frontend/inputs.py."""
 
 import time
 from itertools import count
@@ -10,17 +15,58 @@ from tqdm import tqdm
 
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.frontend.inputs import is_conversation, is_single_prompt, render_chat
+from minivllm.frontend.output_processor import OutputProcessor
 from minivllm.frontend.outputs import RequestOutput
+from minivllm.frontend.processor import Processor
+from minivllm.frontend.requests import Request
+from minivllm.frontend.sampling_extras import SamplingExtras
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM(LLMEngine):
     def __init__(self, model: str, **kwargs) -> None:
-        super().__init__(model, **kwargs)
+        super().__init__(model, sampling_hook=SamplingExtras, **kwargs)
+        self.output_processor = OutputProcessor(self.tokenizer)
         self.request_counter = count()
 
     def get_tokenizer(self):
         return self.tokenizer
+
+    # --- the step API, with the front end ---------------------------------------------------------------
+
+    @property
+    def processor(self) -> Processor:
+        """Tokenizes and checks requests against this engine's limits (processor.py)."""
+        return Processor.of(self.config, self.tokenizer)
+
+    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None) -> None:
+        """Queue a request (vLLM's signature): `prompt` in any form of minivllm/frontend/inputs.py, or a Request that
+        a Processor made already (in another thread, with its own tokenizer). It joins the batch at the next step.
+        Raises ValueError / TypeError naming the problem; a refused request leaves nothing behind."""
+        request = prompt if isinstance(prompt, Request) else self.processor.process(request_id, prompt, params)
+        self.output_processor.add_request(request)  # (ValueError: the id is in use)
+        try:
+            super().add_request(request.request_id, request.prompt_token_ids, request.params)
+        except BaseException:
+            self.output_processor.abort_requests([request.request_id])
+            raise
+
+    def abort_request(self, request_id: str | list[str]) -> list[RequestOutput]:
+        """Abort requests (unknown or finished ids are ignored); their blocks are freed now. Returns their final
+        outputs (finish_reason "abort")."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        outputs, _ = self.output_processor.process(super().abort_request(ids))
+        self.output_processor.abort_requests(ids)
+        return outputs
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step; the outputs of the requests that got tokens (per their output_kind). A sequence whose
+        text reached a stop string ends in the engine before the next step."""
+        outputs, stopped = self.output_processor.process(super().step())
+        self.finish_sequences(stopped)
+        return outputs
+
+    # --- offline generation ---------------------------------------------------------------------------
 
     def generate(
         self,

@@ -31,6 +31,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.sequence import PENDING, Sequence
 from minivllm.engine.step_inputs import prepare_decode, prepare_prefill
+from minivllm.frontend.output_processor import OutputProcessor
 from minivllm.sampling_params import RequestOutputKind
 from minivllm.serve.async_llm import AsyncLLM, EngineDeadError
 
@@ -69,7 +70,7 @@ class FakeRunner:
     def true_tokens(self, seq: Sequence, end: int) -> tuple:
         return tuple(t if t != PENDING else fake_token(seq.request_id, seq.index, p) for p, t in enumerate(seq[:end]))
 
-    def launch(self, seqs: list[Sequence], is_prefill: bool) -> Handle:
+    def launch(self, seqs: list[Sequence], is_prefill: bool, hook=None) -> Handle:
         bm = self.engine.scheduler.block_manager
         inputs = prepare_prefill(seqs, self.bs) if is_prefill else prepare_decode(seqs, self.bs, rows=len(seqs))
         owners = [s for s in seqs for _ in range(s.num_scheduled_tokens)]  # the sequence of each input token
@@ -169,6 +170,7 @@ def reset(engine, w: dict, delay: float = 0.0) -> FakeRunner:
     )
     engine.scheduler = Scheduler(engine.config, engine.eos)
     engine.requests, engine.in_flight, engine.overlap = {}, None, w["overlap"]
+    engine.output_processor = OutputProcessor(engine.tokenizer)
     engine.model_runner = FakeRunner(engine, w["bs"], delay)
     return engine.model_runner
 
@@ -381,9 +383,9 @@ def test_an_engine_that_fails_on_a_request_fails_its_stream(tiny_qwen3):
 
 
 def test_output_collector_merges_deltas_a_slow_consumer_has_not_taken():
-    from minivllm.frontend.output_processor import RequestOutputCollector
     from minivllm.frontend.outputs import CompletionOutput, RequestOutput
     from minivllm.sampling_params import RequestOutputKind
+    from minivllm.serve.output_collector import RequestOutputCollector
 
     def out(i: int, finish: str | None = None) -> RequestOutput:
         completions = [CompletionOutput(c, f"{c}:{i} ", [10 * c + i], None, None, finish) for c in (0, 1)]

@@ -265,7 +265,7 @@ def test_an_engine_that_cannot_start_is_one_line(tiny_qwen3, monkeypatch, tmp_pa
 
 
 def test_an_engine_failing_mid_run_is_one_line(tiny_qwen3, monkeypatch, capsys):
-    def dies(self, seqs, is_prefill):
+    def dies(self, seqs, is_prefill, hook=None):
         raise RuntimeError("tensor-parallel worker 1 died")
 
     monkeypatch.setattr(ModelRunner, "launch", dies)

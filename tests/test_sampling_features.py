@@ -101,9 +101,9 @@ def test_penalised_request_waits_for_its_newest_token(llm):
     launches = []
     original = llm.model_runner.launch
 
-    def spy(seqs, is_prefill):
+    def spy(seqs, is_prefill, hook):
         launches.append((llm.in_flight is not None, [s.request_id for s in seqs]))
-        return original(seqs, is_prefill)
+        return original(seqs, is_prefill, hook)
 
     llm.model_runner.launch = spy
     try:
@@ -320,9 +320,10 @@ def test_only_rows_that_need_more_leave_the_graph_sampler(llm):
         ss, runner.buffers, device=runner.device, eos=llm.eos, vocab=llm.vocab_size, in_graph=in_graph
     )
     hot = SamplingParams(temperature=0.8)
-    assert prep(seqs(hot, greedy())).plain  # temperatures only
-    assert prep(seqs(greedy(), greedy()), in_graph=False).temperatures is None  # all greedy, eager: argmax
-    assert prep(seqs(greedy(), greedy())).temperatures is not None  # the graph reads them
+    assert prep(seqs(hot, greedy())) is None  # temperatures only: no extras, the core samples (nano-vllm's path)
+    assert runner.prepare_sample(seqs(hot, greedy()), in_graph=False) is not None
+    assert runner.prepare_sample(seqs(greedy(), greedy()), in_graph=False) is None  # all greedy, eager: argmax
+    assert runner.prepare_sample(seqs(greedy(), greedy()), in_graph=True) is not None  # the graph reads them
     for kw in (
         dict(top_k=5),
         dict(top_p=0.9),
@@ -336,7 +337,7 @@ def test_only_rows_that_need_more_leave_the_graph_sampler(llm):
         assert not prep(seqs(hot, replace(hot, **kw))).plain, kw
     done = Sequence([1, 2, 3], replace(hot, min_tokens=1))
     done.append_token(4)  # min_tokens reached: plain again
-    assert prep([scheduled(done)]).plain
+    assert prep([scheduled(done)]) is None
 
 
 def scheduled(seq: Sequence) -> Sequence:

@@ -109,7 +109,7 @@ def test_sampling_params_field():
 
 @pytest.fixture(scope="module")
 def compiler(llm) -> GrammarCompiler:
-    return llm.structured_outputs.compiler
+    return llm.sampling_hook.structured_outputs.compiler
 
 
 def test_bitmask_reading_and_padded_vocab(llm, compiler):
@@ -163,7 +163,7 @@ def test_invalid_grammar_refused(llm, kw, match):
 def test_compiler_per_engine(llm, model):
     other = LLM(model, **ARGS)
     try:
-        assert other.structured_outputs.compiler is not llm.structured_outputs.compiler
+        assert other.sampling_hook.structured_outputs.compiler is not llm.sampling_hook.structured_outputs.compiler
     finally:
         other.exit()
 

@@ -1,8 +1,11 @@
-"""The engine (nano-vllm's llm_engine.py) and its step API, vLLM's: `add_request(request_id, prompt, params)`,
-`abort_request(ids)`, `step() -> list[RequestOutput]`, `has_unfinished_requests()`. `LLM.generate` (llm.py)
-and the server's loop (async_llm.py) both drive it through these four calls. A request is tokenized and
-checked (processor.py) before it is queued, so a bad one is refused with a clear error and never enters the
-scheduler; what it reports at each of its tokens is its own business (requests.py).
+"""The engine (nano-vllm's llm_engine.py) and its step API, vLLM V1's engine core: `add_request(request_id,
+prompt_token_ids, params)`, `abort_request(ids)`, `finish_sequences(...)`, `step() -> list[EngineOutput]`,
+`has_unfinished_requests()`. It schedules and runs steps and emits token ids: each step, every sequence that
+got a token reports it (`EngineOutput`: new token ids, finish reason, raw logprob rows), no text. Its drivers
+turn those into RequestOutputs through one output processor (frontend/output_processor.py): `LLM`
+(llm.py) and the serving engine core (serve/core.py, its outputs detokenised in the API server). A request
+arrives tokenized and checked by the front end (frontend/processor.py); the sampling extras reach the engine
+through the one hook it is given (sampling_hook.py).
 
 One step ahead (the engine's speed on a GPU). `step()` schedules, prepares and launches step N+1 while step
 N still runs on the GPU, the sequences' newest tokens being PENDING placeholders on the host that the GPU
@@ -15,24 +18,23 @@ the step in flight instead when the next step needs its tokens on the host:
   the overlap.
 
 Aborting frees a request's blocks at once (scheduler.py: `finish`), also while a step that computes it is
-in flight: that step's token for it is discarded when it arrives."""
+in flight: that step's token for it is discarded when it arrives. So does `finish_sequences`, with which the
+front end ends a sequence whose text reached a stop string."""
 
 import atexit
 import time
 import weakref
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
-from minivllm.checkpoint import load_tokenizer
+from minivllm.checkpoint import eos_token_ids, load_tokenizer
 from minivllm.config import Config
 from minivllm.engine.model_runner import ModelRunner, StepHandle
+from minivllm.engine.request import EngineOutput, EngineRequest
+from minivllm.engine.sampling_hook import SamplingHook
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.sequence import Sequence
 from minivllm.engine.tp_workers import Workers
-from minivllm.frontend import prompt_logprobs
-from minivllm.frontend.outputs import RequestOutput
-from minivllm.frontend.processor import Processor, eos_token_ids
-from minivllm.frontend.requests import FINAL_ONLY, Request
-from minivllm.frontend.structured_outputs.manager import StructuredOutputs
 from minivllm.sampling_params import SamplingParams
 from minivllm.utils.dist import free_port
 
@@ -61,7 +63,10 @@ class Launched:
 
 
 class LLMEngine:
-    def __init__(self, model: str, **kwargs) -> None:
+    def __init__(self, model: str, sampling_hook: Callable[..., SamplingHook] | None = None, **kwargs) -> None:
+        """An engine on `model` (engine arguments in kwargs). `sampling_hook(tokenizer=, vocab_size=, eos=)` makes
+        the hook of the sampling extras (frontend/sampling_extras.py); without one the engine samples by
+        temperature only."""
         config = Config.from_engine_args(model, **kwargs)
         self.config = config
         port = free_port()
@@ -74,11 +79,13 @@ class LLMEngine:
             raise
         self.tokenizer = load_tokenizer(config.tokenizer or model, config.hf_config)
         self.eos = eos_token_ids(model, self.tokenizer)
-        self.model_runner.eos = self.eos
         self.scheduler = Scheduler(config, self.eos)
-        self.structured_outputs = StructuredOutputs(self.tokenizer, config.hf_config.vocab_size, self.eos)
         self.vocab_size = config.hf_config.vocab_size
-        self.requests: dict[str, Request] = {}  # unfinished, by id
+        hook = (
+            sampling_hook(tokenizer=self.tokenizer, vocab_size=self.vocab_size, eos=self.eos) if sampling_hook else None
+        )
+        self.sampling_hook: SamplingHook | None = hook
+        self.requests: dict[str, EngineRequest] = {}  # unfinished, by id
         self.in_flight: Launched | None = None
         self.overlap = config.tensor_parallel_size == 1  # TP workers need each step's tokens on the host
         self.step_log: list[StepRecord] = []
@@ -98,32 +105,54 @@ class LLMEngine:
 
     # --- requests --------------------------------------------------------------------------------------
 
-    @property
-    def processor(self) -> Processor:
-        """Tokenizes and checks requests against this engine's limits (processor.py)."""
-        return Processor.of(self.config, self.tokenizer)
-
-    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None) -> None:
-        """Queue a request (vLLM's signature): `prompt` in any form of minivllm/frontend/inputs.py, or a Request that a
-        Processor made already (in another thread, with its own tokenizer). It joins the batch at the next step.
-        Raises ValueError / TypeError naming the problem; a refused request leaves nothing behind."""
-        request = prompt if isinstance(prompt, Request) else self.processor.process(request_id, prompt, params)
-        if request.request_id in self.requests:
-            raise ValueError(f"request id {request.request_id!r} is already in use")
-        self.structured_outputs.attach(request.seqs)  # a matcher per sequence (ValueError: an invalid grammar)
-        self.requests[request.request_id] = request
-        share = self.config.enable_prefix_caching and len(request.prompt_token_ids) > self.config.kvcache_block_size
-        for seq in request.start(self.tokenizer, share_prompt=share and request.params.prompt_logprobs is None):
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Queue a request that the front end tokenized and checked (frontend/processor.py); it joins the batch at
+        the next step. Raises ValueError for an id in use or a grammar that does not compile; a refused request
+        leaves nothing behind."""
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if params.max_tokens is None:
+            params = replace(params, max_tokens=self.config.max_model_len - len(prompt_token_ids))
+        seqs = []
+        for i in range(params.n):  # child i draws from seed + i, as vLLM
+            child = replace(params, n=1, seed=params.seed + i) if params.n > 1 and params.seed is not None else params
+            child.bad_words_token_ids = params.bad_words_token_ids
+            seqs.append(Sequence(prompt_token_ids, child, request_id, i))
+        if self.sampling_hook is not None:  # sampling hook: a grammar's matcher per sequence
+            self.sampling_hook.add_request(seqs)
+        request = EngineRequest(seqs, prompt_rows=[] if params.prompt_logprobs is not None else None)
+        self.requests[request_id] = request
+        share = self.config.enable_prefix_caching and len(prompt_token_ids) > self.config.kvcache_block_size
+        if share and params.prompt_logprobs is None and len(seqs) > 1:
+            request.deferred, seqs = seqs[1:], seqs[:1]
+        for seq in seqs:
             self.scheduler.add(seq)
 
-    def abort_request(self, request_id: str | list[str]) -> None:
+    def abort_request(self, request_id: str | list[str]) -> list[EngineOutput]:
         """Abort requests (unknown or finished ids are ignored): their sequences leave the batch and their
-        blocks are freed now, wherever they are (waiting, running, or in the step in flight)."""
+        blocks are freed now, wherever they are (waiting, running, or in the step in flight). Returns an
+        "abort" output for each sequence it ended."""
+        outputs = []
         for rid in [request_id] if isinstance(request_id, str) else list(request_id):
             request = self.requests.pop(rid, None)
             for seq in request.seqs if request is not None else []:
                 if not seq.is_finished:
                     self.scheduler.finish(seq, "abort")
+                    outputs.append(EngineOutput(rid, seq.index, [], "abort"))
+        return outputs
+
+    def finish_sequences(self, targets: list[tuple[str, int]]) -> None:
+        """End sequences (request id, index) that the front end saw reach a stop string; their blocks are freed
+        now, a token in flight for them is discarded. A request whose sequences have all ended leaves."""
+        for rid, index in targets:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            seq = request.seqs[index]
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "stop")
+            if all(s.is_finished for s in request.seqs):
+                del self.requests[rid]
 
     def has_unfinished_requests(self) -> bool:
         """Requests not finished yet, or a step still in flight (whose tokens step() reads back)."""
@@ -141,9 +170,9 @@ class LLMEngine:
 
     # --- the loop --------------------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self) -> list[EngineOutput]:
         """Launch the next step, then read back the one in flight (the module docstring says why in this
-        order). Returns the outputs of the requests that got new tokens (per their output_kind)."""
+        order). Returns what each sequence got in the step read back."""
         outputs, progressed = [], False
         if self.in_flight is not None and (not self.overlap or self.in_flight.needs_history):
             in_flight, self.in_flight = self.in_flight, None  # the next launch needs its tokens
@@ -166,42 +195,42 @@ class LLMEngine:
         is_prefill = any(s.num_scheduled_tokens != 1 or s.num_computed_tokens != s.num_tokens - 1 for s in seqs)
         record = StepRecord(is_prefill, len(seqs), sum(s.num_scheduled_tokens for s in seqs), 0.0, 0.0, 0.0)
         t1 = time.perf_counter()
-        handle = self.model_runner.launch(seqs, is_prefill)
+        handle = self.model_runner.launch(seqs, is_prefill, self.sampling_hook)
         sampled = self.scheduler.on_launch(seqs)
         record.schedule, record.run = t1 - t0, time.perf_counter() - t1
         needs_history = any(s.sampling_params.needs_history or s.sampling_params.structured_outputs for s in seqs)
         return Launched(seqs, sampled, handle, record, needs_history)
 
-    def _finish(self, launched: Launched) -> list[RequestOutput]:
-        """Wait for a launched step's tokens, account them, and make the outputs (requests.py)."""
+    def _finish(self, launched: Launched) -> list[EngineOutput]:
+        """Wait for a launched step's tokens, account them (scheduler.postprocess's two halves), and report
+        what each sequence got."""
         t = time.perf_counter()  # postprocess includes the wait for the GPU (StepRecord: where the wall time went)
         tokens, logprobs = launched.handle.result()
-        rows = {id(s): i for i, s in enumerate(launched.seqs)}
-        if launched.handle.prompt_logprobs is not None:
-            for row, first, entries in prompt_logprobs.split(*launched.handle.prompt_logprobs):
+        if launched.handle.prompt_logprobs is not None:  # sampling hook: prompt logprobs, a chunk at a time
+            for row, first, entries in self.sampling_hook.prompt_logprobs_rows(*launched.handle.prompt_logprobs):
                 seq = launched.seqs[row]
-                if not seq.is_finished:
-                    self.requests[seq.request_id].add_prompt_logprobs(first, entries, self.tokenizer)
-        # sequences with per-token work (an aborted one's token is dropped); the others need nothing until done
-        work = [(seq, pos) for seq, pos in launched.sampled if seq.output_work and not seq.is_finished]
-        finished = self.scheduler.on_result(launched.seqs, launched.sampled, tokens)
-        finished += self.structured_outputs.advance(launched.sampled, self.scheduler)  # grammars take the tokens
-        changed: dict[str, list[Sequence]] = {}
-        for seq, pos in work:
+                rows = None if seq.is_finished else self.requests[seq.request_id].prompt_rows
+                if rows is not None and first <= len(rows) + 1:  # a recompute scores again what is recorded
+                    rows += entries[len(rows) + 1 - first :]
+        live = [(seq, pos) for seq, pos in launched.sampled if not seq.is_finished]  # an aborted one's is dropped
+        self.scheduler.on_result(launched.seqs, launched.sampled, tokens)
+        if self.sampling_hook is not None:  # sampling hook: grammars take the tokens (one may end its sequence)
+            self.sampling_hook.advance(live, self.scheduler.finish)
+        row_of = {id(s): i for i, s in enumerate(launched.seqs)}
+        outputs = []
+        for seq, pos in live:
             request = self.requests[seq.request_id]
-            if request.on_token(seq, pos, logprobs.get(rows[id(seq)]), self.tokenizer) and not seq.is_finished:
-                self.scheduler.finish(seq, "stop")  # a stop string
-                finished.append(seq)
             for other in reversed(request.release(seq, pos)):  # they arrived with it: the front of the queue
                 self.scheduler.add(other, front=True)
-            if not seq.is_finished and seq.sampling_params.output_kind != FINAL_ONLY:
-                changed.setdefault(seq.request_id, []).append(seq)
-        for seq in finished:
-            changed.setdefault(seq.request_id, []).append(seq)
-        outputs = [o for rid, seqs in changed.items() if (o := self.requests[rid].output(seqs, self.tokenizer))]
-        for output in outputs:
-            if output.finished:
-                del self.requests[output.request_id]
+            out = EngineOutput(seq.request_id, seq.index, [seq.token_ids[pos]], seq.finish_reason, seq.stop_reason)
+            if seq.sampling_params.logprobs is not None:
+                out.new_logprobs = [logprobs[row_of[id(seq)]]]
+            if request.prompt_rows is not None and not request.prompt_rows_sent and seq.index == 0:
+                out.prompt_logprobs, request.prompt_rows_sent = request.prompt_rows, True
+            outputs.append(out)
+        for rid in {out.request_id for out in outputs if out.finish_reason is not None}:
+            if all(s.is_finished for s in self.requests[rid].seqs):
+                del self.requests[rid]
         launched.record.postprocess = time.perf_counter() - t
         self.step_log.append(launched.record)
         return outputs

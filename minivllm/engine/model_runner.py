@@ -12,11 +12,10 @@ from minivllm.config import Config
 from minivllm.engine import cuda_graphs, step_inputs
 from minivllm.engine.cuda_graphs import DecodeGraphs
 from minivllm.engine.kv_cache import GpuMemory, allocate_zeroed, kv_block_bytes, kv_cache_shape, num_kvcache_blocks
+from minivllm.engine.sampling_hook import SamplingHook
 from minivllm.engine.sequence import Sequence
 from minivllm.engine.step_handle import StepHandle
 from minivllm.engine.step_inputs import DecodeLayout, InputBuffers, StepInput
-from minivllm.frontend import prompt_logprobs
-from minivllm.frontend.sampling_inputs import prepare_sampling, sample_tokens
 from minivllm.kernels.cpu import linear as cpu_linear
 from minivllm.kernels.cpu import ops as cpu_ops
 from minivllm.kernels.startup import CompileAhead, timed, warmup
@@ -148,9 +147,16 @@ class ModelRunner:
         """Rank 0: run one step on every rank and wait for one sampled token per sequence."""
         return self.launch(seqs, is_prefill).result()[0]
 
-    def launch(self, seqs: list[Sequence], is_prefill: bool) -> StepHandle:
+    def prepare_sample(self, seqs: list[Sequence], in_graph: bool) -> torch.Tensor | None:
+        """The rows' temperatures (B,) float32 on the device; None: all greedy and no graph reads them (argmax)."""
+        temperatures = [seq.sampling_params.temperature for seq in seqs]
+        if not in_graph and not any(temperatures):
+            return None
+        return self.buffers.upload_floats(temperatures, None)[0]
+
+    def launch(self, seqs: list[Sequence], is_prefill: bool, hook: SamplingHook | None = None) -> StepHandle:
         """Rank 0: prepare and launch one step on every rank without waiting for it (on a GPU the host goes on
-        to schedule the next step while this one runs)."""
+        to schedule the next step while this one runs). `hook`: the engine's sampling extras (sampling_hook.py)."""
         inputs = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
         assert inputs.src is None or self.workers is None, "TP workers cannot see rank 0's sampled tokens"
         for i, seq in enumerate(seqs):
@@ -158,22 +164,25 @@ class ModelRunner:
         if self.workers is not None:
             self.workers.send("run_model", inputs)
         in_graph = self.sample_in_graph and not is_prefill
-        sampling = prepare_sampling(  # the step's sampling tensors on the device (sampling_inputs.py)
-            seqs, self.buffers, device=self.device, eos=self.eos, vocab=self.vocab_size, in_graph=in_graph
-        )
-        graph_sampled = in_graph and sampling.plain  # temperatures only: the graph's draw stands
-        scoring = prompt_logprobs.plan(seqs) if is_prefill else None  # rows asking for prompt logprobs
+        # sampling hook: the step's extras (None: temperatures only, as nano-vllm)
+        extras = hook.prepare(seqs, self.buffers, device=self.device, in_graph=in_graph) if hook else None
+        temperatures = self.prepare_sample(seqs, in_graph) if extras is None else None
+        graph_sampled = in_graph and (extras is None or hook.is_plain(extras))  # the graph's draw stands
+        # sampling hook: rows asking for prompt logprobs (the step's hidden states are kept for them)
+        scoring = hook.plan_prompt_logprobs(seqs) if hook and is_prefill else None
         with engine_group(self.group):
             logits = self.run_model(inputs, need_logits=not graph_sampled, keep_hidden=scoring is not None)
-        logprobs = None
         if graph_sampled:
-            tokens = self.last_sampled[: len(seqs)]  # the graph sampled them
-        else:  # prefill, eager, TP, or rows that need more than temperature (outside the graph)
-            tokens, logprobs = sample_tokens(self.sampler, logits, sampling)  # (num_seqs,) int64, on the device
+            tokens, logprobs = self.last_sampled[: len(seqs)], None  # the graph sampled them
+        elif extras is None:  # prefill, eager or TP: nano-vllm's sampler
+            tokens, logprobs = self.sampler(logits, temperatures), None  # (num_seqs,) int64, on the device
+        else:  # sampling hook: rows that need more than temperature, outside the graph
+            tokens, logprobs = hook.sample(self.sampler, logits, extras)
+        if not graph_sampled:
             self.last_sampled[: tokens.shape[0]] = tokens
         handle = StepHandle(tokens, self.buffers.host_tokens_buffer(), logprobs)
-        if scoring is not None:
-            handle.prompt_logprobs = scoring, prompt_logprobs.score(self.model.lm_head, self.hidden, scoring)
+        if scoring is not None:  # sampling hook: the prompt positions scored
+            handle.prompt_logprobs = scoring, hook.score_prompt_logprobs(self.model.lm_head, self.hidden, scoring)
             self.hidden = None
         self.buffers.flip()
         return handle

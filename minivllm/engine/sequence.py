@@ -1,7 +1,7 @@
 """A sequence as the engine sees it: its tokens, how many have KV in the cache, and its block table (the
 block manager owns the block size: a sequence does not need it). A request of `n` completions has `n`
-sequences; beside the scheduler's state each carries what its outputs need (its request, its index among the
-request's sequences, its own random generator when seeded, its detokeniser and log-probabilities)."""
+sequences; beside the scheduler's state each carries its request, its index among the request's sequences and,
+when seeded, its own random generator. Its text is the front end's (frontend/output_processor.py)."""
 
 from copy import copy
 from enum import Enum, auto
@@ -44,14 +44,7 @@ class Sequence:
         self.sampling_params = sampling_params if sampling_params is not None else SamplingParams()
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None  # the stop token id or stop string that ended it
-        # --- outputs (requests.py) ---
         self.generator = None  # torch.Generator of a seeded request, made on the engine's device at first use
-        self.output_work = False  # something to do at each of its tokens (below, a stream, or children waiting)
-        self.detokenizer = None  # Detokenizer when text is needed at every step (stop strings, streaming)
-        self.logprobs: list | None = None  # per output token {token id: Logprob}, when requested
-        self.cumulative_logprob = 0.0
-        self.num_sent_tokens = 0  # tokens / characters already returned (RequestOutputKind.DELTA)
-        self.num_sent_chars = 0
 
     def __len__(self) -> int:
         return self.num_tokens

@@ -2,19 +2,17 @@
 
 import torch
 
-from minivllm.frontend.logprobs import LogprobsTensors
-
 
 class StepHandle:
     """A launched step: `result()` waits for its sampled tokens (one per sequence) and returns them, with the
     log-probabilities of the rows that asked for them ({row: (top ids, top logprobs, logprob, rank)})."""
 
-    def __init__(self, tokens: torch.Tensor, host: torch.Tensor | None, logprobs: LogprobsTensors | None = None):
+    def __init__(self, tokens: torch.Tensor, host: torch.Tensor | None, logprobs=None):
         # `tokens` may be a view of `last_sampled`, which the next step overwrites: take the values now
         self.n = tokens.shape[0]
         self.tokens, self.host, self.event = tokens if host is not None else tokens.clone(), host, None
-        self.logprobs = logprobs
-        self.prompt_logprobs = None  # (PromptScoring, LogprobsTensors) of the rows that asked (prompt_logprobs.py)
+        self.logprobs = logprobs  # the sampling hook's LogprobsTensors (frontend/logprobs.py), or None
+        self.prompt_logprobs = None  # (plan, scored) of the rows that asked, from the sampling hook
         if host is not None:  # GPU: copy back without waiting (ordered before the next step's writes)
             host[: self.n].copy_(tokens, non_blocking=True)
             self.event = torch.cuda.Event()

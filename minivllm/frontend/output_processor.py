@@ -1,42 +1,49 @@
-"""The API server's side of each request (vLLM V1's OutputProcessor): the core's per-step token ids become
-RequestOutputs here, in the front-end process. Each sequence detokenises incrementally and looks for its stop
-strings (detokenizer.py); one that hits a stop string is finished here and aborted in the core. A request of
-`n` completions is `n` core requests (children `i_<id>`, child i seeded seed + i as the offline engine does),
-merged back into one RequestOutput per step, in the request's output kind (DELTA for streams). What an output
-holds follows the offline engine's rules (requests.py: `completions_of`, `text_token_ids`)."""
+"""The one output path (vLLM V1's OutputProcessor): the engine emits token ids (llm_engine.py: EngineOutput, per
+sequence and step); this turns them into vLLM's RequestOutputs, for `LLM` (llm.py) and the server alike (in
+AsyncLLM's engine thread, or in the API-server process from the engine core's messages). Per sequence: its
+tokens, its log-probabilities with their decoded tokens, its text (detokenizer.py: incremental, with stop
+strings); per request: its `n` sequences merged into one RequestOutput in the request's output kind
+(CUMULATIVE: everything so far; DELTA: only what is new; FINAL_ONLY: one output at the end). A sequence whose
+text reached a stop string is reported back (`process`'s second result), for the engine to end it.
 
-import asyncio
-import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, replace
+What an output holds (vLLM's rules): the text never holds the EOS or stop token that ended a sequence (whatever
+skip_special_tokens) unless include_stop_str_in_output; nor a stop string (unless the same). A FINAL_ONLY
+request without stop strings decodes its text once, at the end."""
 
+from dataclasses import dataclass, field
+
+from minivllm.engine.request import EngineOutput
 from minivllm.frontend.detokenizer import Detokenizer
-from minivllm.frontend.outputs import Logprob, PromptLogprobs, RequestOutput
-from minivllm.frontend.requests import completions_of, text_token_ids
+from minivllm.frontend.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
+from minivllm.frontend.requests import Request
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
-from minivllm.serve.messages import RequestStep
 
 FINAL_ONLY, DELTA = RequestOutputKind.FINAL_ONLY, RequestOutputKind.DELTA
 
 
 @dataclass(slots=True)
-class Child:
-    """One sequence of a request (one core request), with the attributes requests.py's output rules read."""
+class SequenceState:
+    """One of a request's sequences as the front end sees it."""
 
     index: int
-    sampling_params: SamplingParams
-    detokenizer: Detokenizer | None
-    output_token_ids: list[int] = field(default_factory=list)
-    logprobs: list | None = None
+    params: SamplingParams
+    detokenizer: Detokenizer | None  # text at every step (stop strings, streaming); else decoded at the end
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Logprob]] | None = None  # per output token, when asked
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    num_sent_tokens: int = 0
+    num_sent_tokens: int = 0  # tokens / characters already returned (DELTA)
     num_sent_chars: int = 0
 
-    @property
-    def is_finished(self) -> bool:
-        return self.finish_reason is not None
+    def text_token_ids(self) -> list[int]:
+        """The output tokens whose text the output holds: not the EOS or stop token that ended it."""
+        return self.token_ids[:-1] if self.ended_on_token(self.finish_reason, self.stop_reason) else self.token_ids
+
+    def ended_on_token(self, finish_reason: str | None, stop_reason: int | str | None) -> bool:
+        return (
+            finish_reason == "stop" and not isinstance(stop_reason, str) and not self.params.include_stop_str_in_output
+        )
 
 
 @dataclass(slots=True)
@@ -45,137 +52,136 @@ class RequestState:
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
-    children: dict[str, Child]  # core request id -> child
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
-    arrival: float = field(default_factory=time.monotonic)
-    prompt_logprobs: PromptLogprobs | None = None  # from the core, once the prompt is scored
+    seqs: list[SequenceState]
+    prompt_logprobs: PromptLogprobs | None = None  # once the engine has scored the prompt
     prompt_logprobs_sent: bool = False  # DELTA: sent with the first output that has them
 
     @property
     def finished(self) -> bool:
-        return all(c.finish_reason is not None for c in self.children.values())
+        return all(s.finish_reason is not None for s in self.seqs)
 
 
-def make_state(request_id, prompt, prompt_token_ids, params, tokenizer, loop, queue) -> RequestState:
-    """The request's state, its children's ids and params (n == 1 each, the engine's seeds per child)."""
-    children = {}
-    for i in range(params.n):
-        seed = params.seed + i if params.n > 1 and params.seed is not None else params.seed
-        child = replace(params, n=1, seed=seed)
-        detok = Detokenizer(tokenizer, child) if child.stop or child.output_kind != FINAL_ONLY else None
-        cid = request_id if params.n == 1 else f"{i}_{request_id}"
-        children[cid] = Child(i, child, detok, logprobs=[] if child.logprobs is not None else None)
-    return RequestState(request_id, prompt, prompt_token_ids, params, children, loop, queue)
+class OutputProcessor:
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.requests: dict[str, RequestState] = {}  # unfinished, by id
 
+    def add_request(self, request: Request) -> None:
+        """Follow a request the engine is about to queue (ValueError: its id is in use)."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        sp, seqs = request.params, []
+        for i in range(sp.n):
+            detokenizer = Detokenizer(self.tokenizer, sp) if sp.stop or sp.output_kind != FINAL_ONLY else None
+            seqs.append(SequenceState(i, sp, detokenizer, logprobs=[] if sp.logprobs is not None else None))
+        self.requests[request.request_id] = RequestState(
+            request.request_id, request.prompt, request.prompt_token_ids, sp, seqs
+        )
 
-def _entries(entries: list[tuple]) -> dict[int, Logprob]:
-    return {t: Logprob(lp, rank, text) for t, lp, rank, text in entries}
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Stop following these requests (their outputs, if any come, are dropped)."""
+        for rid in request_ids:
+            self.requests.pop(rid, None)
 
+    def process(self, outputs: list[EngineOutput]) -> tuple[list[RequestOutput], list[tuple[str, int]]]:
+        """One engine step's outputs -> the RequestOutputs of the requests that changed (per their output kind),
+        and the sequences (request id, index) whose text reached a stop string, which the engine must end."""
+        changed: dict[str, tuple[RequestState, list[SequenceState]]] = {}
+        stopped = []
+        for out in outputs:
+            state = self.requests.get(out.request_id)
+            if state is None or state.seqs[out.index].finish_reason is not None:
+                continue  # aborted, or ended on a stop string while the engine had tokens in flight
+            seq = state.seqs[out.index]
+            if self.update(state, seq, out):
+                stopped.append((out.request_id, out.index))
+            changed.setdefault(out.request_id, (state, []))[1].append(seq)
+        request_outputs = []
+        for rid, (state, seqs) in changed.items():
+            output = self.request_output(state, seqs)
+            if output is not None:
+                request_outputs.append(output)
+            if state.finished:
+                del self.requests[rid]
+        return request_outputs, stopped
 
-def update(state: RequestState, child: Child, step: RequestStep) -> bool:
-    """Apply one step to a child; True when a stop string ended it here (the core must drop it)."""
-    if step.prompt_logprobs is not None and state.prompt_logprobs is None:
-        state.prompt_logprobs = [None if e is None else _entries(e) for e in step.prompt_logprobs]
-    child.output_token_ids += step.new_token_ids
-    if child.logprobs is not None and step.new_logprobs:
-        for entries in step.new_logprobs:
-            child.logprobs.append(_entries(entries))
-            child.cumulative_logprob += entries[0][1]
-    done = step.finish_reason is not None
-    stopped = False
-    if child.detokenizer is not None and (step.new_token_ids or done):
-        stop = child.detokenizer.add(text_token_ids(child, step.finish_reason, step.stop_reason), final=done)
+    def update(self, state: RequestState, seq: SequenceState, out: EngineOutput) -> bool:
+        """Apply one EngineOutput to its sequence; True when a stop string ended it here (not the engine)."""
+        if out.prompt_logprobs is not None and state.prompt_logprobs is None:
+            k, targets = state.params.prompt_logprobs, state.prompt_token_ids[1:]
+            state.prompt_logprobs = [None] + [self.entry(t, e, k) for t, e in zip(targets, out.prompt_logprobs)]
+        seq.token_ids += out.new_token_ids
+        if seq.logprobs is not None and out.new_logprobs:
+            for token, row in zip(out.new_token_ids, out.new_logprobs):
+                seq.logprobs.append(self.entry(token, row, seq.params.logprobs))
+                seq.cumulative_logprob += row[2]
+        stop = None
+        if seq.detokenizer is not None and (out.new_token_ids or out.finish_reason):
+            ids = out.new_token_ids
+            if ids and seq.ended_on_token(out.finish_reason, out.stop_reason):
+                ids = ids[:-1]  # the EOS or stop token that ended it has no text here
+            stop = seq.detokenizer.add(ids, final=out.finish_reason is not None)
         if stop is not None:
-            stopped = not done
-            child.finish_reason, child.stop_reason = "stop", stop
-            done = True
-    if not stopped and step.finish_reason is not None:
-        child.finish_reason = child.finish_reason or step.finish_reason
-        child.stop_reason = child.stop_reason if child.stop_reason is not None else step.stop_reason
-    return stopped
+            seq.finish_reason, seq.stop_reason = "stop", stop
+            return out.finish_reason is None
+        if out.finish_reason is not None:
+            seq.finish_reason, seq.stop_reason = out.finish_reason, out.stop_reason
+        return False
 
+    def entry(self, token: int, row: tuple, k: int) -> dict[int, Logprob]:
+        """{token id: Logprob}: the actual token first, as vLLM, then the top-k with their ranks (row: top ids, top
+        logprobs, the token's logprob, its rank)."""
+        top_ids, top_logprobs, logprob, rank = row
+        step = {token: Logprob(logprob, rank, self.tokenizer.decode([token]))}
+        for r, (t, lp) in enumerate(zip(top_ids[:k], top_logprobs[:k]), start=1):
+            step[t] = Logprob(lp, r, self.tokenizer.decode([t]))
+        return step
 
-def request_output(state: RequestState, changed: list[Child], tokenizer) -> RequestOutput | None:
-    """The request's output after a step in which `changed` got tokens (requests.py's rules: nothing while a
-    FINAL_ONLY request runs; DELTA: only what is new)."""
-    kind, finished = state.params.output_kind, state.finished
-    if kind == FINAL_ONLY and not finished:
-        return None
-    completions = completions_of(list(state.children.values()), changed, kind, tokenizer)
-    if kind == DELTA and not completions and not finished:
-        return None
-    prompt_logprobs = None if kind == DELTA and state.prompt_logprobs_sent else state.prompt_logprobs
-    state.prompt_logprobs_sent = state.prompt_logprobs is not None
-    return RequestOutput(
-        state.request_id, state.prompt, state.prompt_token_ids, completions, finished, prompt_logprobs=prompt_logprobs
-    )
+    # --- the one RequestOutput builder -------------------------------------------------------------------
 
-
-class RequestOutputCollector:
-    """One request's outputs on their way to the coroutine that streams them (vLLM V1's RequestOutputCollector):
-    `put_nowait` (on the event loop's thread) never keeps more than one output: when the consumer is behind, a
-    DELTA output is merged into the one waiting (texts, token ids and logprobs joined), any other kind replaces it
-    (it holds everything so far). So a slow client gets fewer, larger chunks instead of a growing backlog. An
-    exception replaces what waits and ends the stream."""
-
-    __slots__ = ("delta", "output", "ready")
-
-    def __init__(self, kind: RequestOutputKind) -> None:
-        self.delta = kind == DELTA
-        self.output: RequestOutput | BaseException | None = None
-        self.ready = asyncio.Event()
-
-    def put_nowait(self, output: RequestOutput | BaseException) -> None:
-        waiting = self.output
-        if isinstance(waiting, BaseException):
-            return  # the stream ends with it
-        if waiting is None or not self.delta or isinstance(output, BaseException):
-            self.output = output
+    def request_output(self, state: RequestState, changed: list[SequenceState]) -> RequestOutput | None:
+        """The request's output after a step in which `changed` got something: None while a FINAL_ONLY request
+        runs; for DELTA what is new in the changed sequences; else every sequence so far."""
+        kind, finished = state.params.output_kind, state.finished
+        if kind == FINAL_ONLY and not finished:
+            return None
+        if kind == DELTA:
+            completions = [self.delta(s) for s in sorted(changed, key=lambda s: s.index)]
         else:
-            self.output = merge_deltas(waiting, output)
-        self.ready.set()
+            completions = [self.completion(s) for s in state.seqs]
+        prompt_logprobs = None if kind == DELTA and state.prompt_logprobs_sent else state.prompt_logprobs
+        state.prompt_logprobs_sent = state.prompt_logprobs is not None
+        return RequestOutput(
+            request_id=state.request_id,
+            prompt=state.prompt,
+            prompt_token_ids=state.prompt_token_ids,
+            outputs=completions,
+            finished=finished,
+            prompt_logprobs=prompt_logprobs,
+        )
 
-    async def get(self) -> RequestOutput | BaseException:
-        while self.output is None:
-            await self.ready.wait()
-        output, self.output = self.output, None
-        self.ready.clear()
-        return output
+    def completion(self, seq: SequenceState) -> CompletionOutput:
+        """Everything `seq` has produced so far (the text held back where a stop string may start)."""
+        done = seq.finish_reason is not None
+        if seq.detokenizer is not None:
+            text = seq.detokenizer.visible(done)
+        else:  # decoded once, at the end (FINAL_ONLY without stop strings)
+            text = self.tokenizer.decode(seq.text_token_ids(), skip_special_tokens=seq.params.skip_special_tokens)
+        return CompletionOutput(
+            index=seq.index,
+            text=text,
+            token_ids=list(seq.token_ids),
+            cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
+            logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+        )
 
-    async def outputs(self, abort) -> AsyncIterator[RequestOutput]:
-        """The request's outputs up to its final one (an exception put here is raised). A consumer that leaves
-        before the end (closed, cancelled, or an error) calls `abort()`, which frees the request's blocks."""
-        finished = False
-        try:
-            while not finished:
-                item = await self.get()
-                if isinstance(item, BaseException):
-                    raise item
-                finished = item.finished
-                yield item
-        finally:
-            if not finished:
-                abort()
-
-
-def merge_deltas(old: RequestOutput, new: RequestOutput) -> RequestOutput:
-    """Two DELTA outputs of one request, `new` after `old`, as one: each sequence's new text, token ids and
-    logprobs joined, its finish reason the latest."""
-    by_index = {c.index: c for c in old.outputs}
-    for c in new.outputs:
-        o = by_index.get(c.index)
-        if o is None:
-            by_index[c.index] = c
-            continue
-        o.text += c.text
-        o.token_ids = o.token_ids + c.token_ids
-        if o.logprobs is not None and c.logprobs is not None:
-            o.logprobs = o.logprobs + c.logprobs
-        o.cumulative_logprob = c.cumulative_logprob
-        o.finish_reason, o.stop_reason = c.finish_reason, c.stop_reason
-    old.outputs = sorted(by_index.values(), key=lambda c: c.index)
-    old.finished = new.finished
-    if old.prompt_logprobs is None:
-        old.prompt_logprobs = new.prompt_logprobs
-    return old
+    def delta(self, seq: SequenceState) -> CompletionOutput:
+        """What is new in `seq` since its last output (DELTA)."""
+        c = self.completion(seq)
+        tokens, chars = seq.num_sent_tokens, seq.num_sent_chars
+        seq.num_sent_tokens, seq.num_sent_chars = len(c.token_ids), len(c.text)
+        c.token_ids, c.text = c.token_ids[tokens:], c.text[chars:]
+        c.logprobs = c.logprobs[tokens:] if c.logprobs is not None else None
+        return c

@@ -1,14 +1,11 @@
 """From what a user sends to a Request the engine can queue (vLLM's Processor): the prompt tokenized, the
-request checked against the engine's limits, and its `n` sequences made. It reads no scheduler state, so it
-runs anywhere: in the engine's thread (`LLMEngine.add_request`), in a server's event loop with its own
+request checked against the engine's limits, its parameters resolved. It reads no scheduler state, so it
+runs anywhere: in the engine's thread (`LLM.add_request`), in a server's event loop with its own
 tokenizer (async_llm.py), or in an API-server process that knows the engine's limits only. A request that
 cannot run is refused here with an error that names the problem, before it reaches the scheduler."""
 
 from dataclasses import dataclass, replace
 
-from transformers import GenerationConfig
-
-from minivllm.engine.sequence import Sequence
 from minivllm.frontend.inputs import parse_prompt
 from minivllm.frontend.requests import Request
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
@@ -49,14 +46,8 @@ class Processor:
         if params.max_tokens is None:
             changes["max_tokens"] = self.max_model_len - len(token_ids)
         params = replace(params, **changes)  # the engine's own copy
-        bad_words = self.bad_words_token_ids(params.bad_words or [])
-        seqs = []
-        for i in range(params.n):  # child i draws from seed + i, as vLLM
-            child = replace(params, n=1, seed=params.seed + i) if params.n > 1 and params.seed is not None else params
-            child.bad_words_token_ids = bad_words
-            seqs.append(Sequence(token_ids, child, request_id, i))
-        params.bad_words_token_ids = bad_words
-        return Request(request_id, text, token_ids, params, seqs)
+        params.bad_words_token_ids = self.bad_words_token_ids(params.bad_words or [])
+        return Request(request_id=request_id, prompt=text, prompt_token_ids=token_ids, params=params)
 
     def bad_words_token_ids(self, words: list[str]) -> list[list[int]]:
         """Each bad word's tokens, at the start of a text and after a space (vLLM's: the second only where the
@@ -116,16 +107,3 @@ def no_room(num_prompt_tokens: int, max_model_len: int) -> str:
         f"prompt of {num_prompt_tokens} tokens leaves no room for output within max_model_len {max_model_len} "
         f"(this model's maximum context length is {max_model_len} tokens)"
     )
-
-
-def eos_token_ids(model: str, tokenizer) -> list[int]:
-    """The checkpoint's end-of-sequence tokens: its generation config's and its tokenizer's."""
-    ids = set()
-    try:
-        eos = GenerationConfig.from_pretrained(model).eos_token_id
-        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    except OSError:
-        pass
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return sorted(ids)

@@ -71,26 +71,24 @@ def prepare_sampling(
     eos: list[int],
     vocab: int,
     in_graph: bool = False,
-) -> SamplingInputs:
-    """The step's SamplingInputs. `in_graph`: the decode graph samples, so it reads temperatures even when
-    every row is greedy."""
+) -> SamplingInputs | None:
+    """The step's SamplingInputs, or None when no row needs more than its temperature. `in_graph`: the decode
+    graph samples, so it reads temperatures even when every row is greedy."""
     sps = [s.sampling_params for s in seqs]
     extra = [  # rows that need more than temperature (min_tokens only until reached)
         i
         for i, (s, sp) in enumerate(zip(seqs, sps))
         if sp.needs_processing or (sp.min_tokens and sp.min_tokens > s.num_completion_tokens)
     ]
+    if not extra:  # temperatures only: the core samples these rows (model_runner.py: prepare_sample)
+        return None
     greedy = all(sp.temperature == 0 for sp in sps)
     out = SamplingInputs()
-    if greedy and not in_graph and not extra:  # all greedy: argmax, no noise, no filters
-        return out
     filtering = any(sps[i].top_k > 0 or sps[i].top_p < 1 or sps[i].min_p > 0 for i in extra)
     temperatures, out.top_ps = buffers.upload_floats(
         [sp.temperature for sp in sps], [sp.top_p for sp in sps] if filtering else None
     )
     out.temperatures = None if greedy and not in_graph else temperatures
-    if not extra:
-        return out
     ints = lambda values: to_device(values, torch.int64, device)
     floats = lambda values: to_device(values, torch.float32, device)
     if filtering:

@@ -7,8 +7,9 @@ clients), and each request's tokens stream out as they are sampled.
     ------------------------------                --------------------------------
     generate(): tokenize + validate (its own      while running:
       tokenizer), commands.put(add) --------->      apply commands: add / abort     (between steps only)
-      await its output collector                    outputs = engine.step()          (the GPU works here)
-      yield each output  <-- call_soon_threadsafe -- deliver the outputs, one call per step
+      await its output collector                    outputs = llm.step()             (the GPU works here;
+      yield each output  <-- call_soon_threadsafe -- deliver the outputs, one call   the output processor
+                                                      per step                        makes RequestOutputs)
     abort() / closing the generator: put(abort)    no request: block on the command queue
 
 The scheduler is touched by the engine thread only: other threads reach it through the command queue, so
@@ -29,13 +30,13 @@ from contextlib import aclosing
 
 import torch
 
-from minivllm.engine.llm_engine import LLMEngine
-from minivllm.frontend.output_processor import RequestOutputCollector
-from minivllm.frontend.outputs import CompletionOutput, RequestOutput
+from minivllm.frontend.outputs import RequestOutput
 from minivllm.frontend.processor import Processor
+from minivllm.llm import LLM
 from minivllm.sampling_params import SamplingParams
 from minivllm.serve.core_client import AsyncMPClient
 from minivllm.serve.messages import EngineDeadError, SchedulerStats
+from minivllm.serve.output_collector import RequestOutputCollector
 
 MAX_STEP_LOG = 100_000  # a server runs for days: keep the step log's tail only
 
@@ -44,15 +45,15 @@ __all__ = ["AsyncLLM", "EngineDeadError"]
 
 
 class AsyncLLM:
-    def __new__(cls, model: str | LLMEngine, multiprocess: bool = False, **engine_args):
+    def __new__(cls, model: str | LLM, multiprocess: bool = False, **engine_args):
         if multiprocess:  # the engine core in its own process, this interface in front of it
             return AsyncMPClient(model, **engine_args)
         return super().__new__(cls)
 
-    def __init__(self, model: str | LLMEngine, multiprocess: bool = False, **engine_args) -> None:
-        """An engine on `model` (a checkpoint directory, with engine arguments), or around an engine made
-        already; either way the AsyncLLM owns it from now on (shutdown() stops it)."""
-        self.engine = model if isinstance(model, LLMEngine) else LLMEngine(model, **engine_args)
+    def __init__(self, model: str | LLM, multiprocess: bool = False, **engine_args) -> None:
+        """An engine on `model` (a checkpoint directory, with engine arguments), or around an LLM made already;
+        either way the AsyncLLM owns it from now on (shutdown() stops it)."""
+        self.engine = model if isinstance(model, LLM) else LLM(model, **engine_args)
         self.model, self.max_model_len = self.engine.config.model, self.engine.config.max_model_len
         self.tokenizer_dir = self.engine.config.tokenizer or self.model
         self.tokenizer = copy.deepcopy(self.engine.tokenizer)  # the event loop's own: never shared across threads
@@ -181,14 +182,7 @@ class AsyncLLM:
                 return True
 
     def _abort(self, ids: list[str]) -> None:
-        finals = []
-        for rid in ids:
-            request = self.engine.requests.get(rid)
-            self.engine.abort_request(rid)
-            if rid in self.streams and request is not None:
-                outputs = [CompletionOutput(s.index, "", [], None, None, "abort") for s in request.seqs]
-                finals.append(RequestOutput(rid, request.prompt, request.prompt_token_ids, outputs, True))
-        self._deliver(finals)
+        self._deliver(self.engine.abort_request(ids))  # each open stream's final output, finish_reason "abort"
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         """Hand the outputs to their streams' event loops: one call per loop per step."""

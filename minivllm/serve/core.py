@@ -8,21 +8,20 @@ share one GIL, so at 256 streams each waits for the other (measured on an H200: 
 `LLM.generate`). Here the core steps while the API server, another process, detokenises and writes the
 streams of the step before.
 
-The core does no text work at a request's every step: requests run as FINAL_ONLY without stop strings (the
-front end detokenises and finds stop strings, and aborts the request that hit one); each step's new tokens
-are read from the sequences, known ones only (the newest may be a placeholder of the step in flight).
-The core exits when asked (Shutdown), on SIGTERM, or when the API server that started it is gone; on the
-way out it stops the engine and its tensor-parallel workers."""
+The core does no text work: the engine emits token ids (EngineOutput), sent as they are; the API server's
+output processor detokenises, finds stop strings (and tells the core to end a sequence that hit one), and makes
+the RequestOutputs, with the same code as `LLM`. The core exits when asked (Shutdown), on SIGTERM, or when the
+API server that started it is gone; on the way out it stops the engine and its tensor-parallel workers."""
 
 import os
 import signal
-from dataclasses import replace
 
 import torch
 import zmq
 
 from minivllm.engine.llm_engine import LLMEngine
-from minivllm.sampling_params import RequestOutputKind
+from minivllm.engine.request import EngineOutput
+from minivllm.frontend.sampling_extras import SamplingExtras
 from minivllm.serve import messages as m
 from minivllm.utils.process_name import CORE, set_process_name
 
@@ -32,59 +31,22 @@ POLL_MS = 200  # idle: how often to look whether the API server is still there
 class EngineCore:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self.sent: dict[str, int] = {}  # request id -> output tokens sent so far
-        self.scoring: set[str] = set()  # requests whose prompt logprobs are still to be sent
         self.stopping = False
 
-    def add(self, msg: m.AddRequest) -> m.RequestStep | None:
-        params = replace(msg.sampling_params(), stop=None, output_kind=RequestOutputKind.FINAL_ONLY)
+    def add(self, msg: m.AddRequest) -> tuple[str, str] | None:
+        """Queue a request; (its id, why) when the engine refuses it (the front end validated; a duplicate id
+        would still land here)."""
         try:
-            self.engine.add_request(msg.request_id, {"prompt_token_ids": msg.prompt_token_ids}, params)
-        except (ValueError, TypeError) as e:  # the front end validated; a duplicate id would still land here
-            return m.RequestStep(msg.request_id, [], None, "error", str(e))
-        self.sent[msg.request_id] = 0
-        if params.prompt_logprobs is not None:
-            self.scoring.add(msg.request_id)
+            self.engine.add_request(msg.request_id, msg.prompt_token_ids, msg.sampling_params())
+        except (ValueError, TypeError) as e:
+            return msg.request_id, str(e)
         return None
 
-    def abort(self, ids: list[str]) -> list[m.RequestStep]:
-        ids = [rid for rid in ids if rid in self.sent]
-        self.engine.abort_request(ids)
-        for rid in ids:
-            del self.sent[rid]
-            self.scoring.discard(rid)
-        return [m.RequestStep(rid, [], None, "abort") for rid in ids]
+    def abort(self, ids: list[str]) -> list[EngineOutput]:
+        return self.engine.abort_request(ids)
 
-    def step(self) -> list[m.RequestStep]:
-        """One engine step; what every request got in it."""
-        finished = {o.request_id: o for o in self.engine.step()}
-        steps = []
-        for rid, request in self.engine.requests.items():  # still running: their known new tokens
-            seq = request.seqs[0]
-            start, end = seq.num_prompt_tokens + self.sent[rid], seq.num_known_tokens
-            if end > start:
-                lps = seq.logprobs[self.sent[rid] : end - seq.num_prompt_tokens] if seq.logprobs is not None else None
-                step = m.RequestStep(rid, seq.token_ids[start:end], _logprobs(lps))
-                step.prompt_logprobs = self._prompt_logprobs(rid, request)
-                steps.append(step)
-                self.sent[rid] = end - seq.num_prompt_tokens
-        for rid, output in finished.items():
-            c, sent = output.outputs[0], self.sent.pop(rid, 0)
-            lps = c.logprobs[sent:] if c.logprobs is not None else None
-            step = m.RequestStep(rid, c.token_ids[sent:], _logprobs(lps), c.finish_reason, c.stop_reason)
-            step.prompt_logprobs = self._prompt_logprobs(rid, output)
-            self.scoring.discard(rid)
-            steps.append(step)
-        return steps
-
-    def _prompt_logprobs(self, rid: str, request) -> list | None:
-        """The prompt logprobs of `request` (a Request or its RequestOutput), once: with the first step that has
-        them all."""
-        scored = request.prompt_logprobs
-        if rid not in self.scoring or scored is None or len(scored) < len(request.prompt_token_ids):
-            return None
-        self.scoring.discard(rid)
-        return [None] + _logprobs(scored[1:])
+    def step(self) -> list[EngineOutput]:
+        return self.engine.step()
 
     def stats(self) -> m.SchedulerStats:
         s = self.engine.scheduler
@@ -94,12 +56,6 @@ class EngineCore:
 
     def reset_prefix_cache(self) -> bool:
         return self.engine.reset_prefix_cache()
-
-
-def _logprobs(steps: list | None) -> list | None:
-    if steps is None:
-        return None
-    return [[(t, lp.logprob, lp.rank, lp.decoded_token) for t, lp in step.items()] for step in steps]
 
 
 def run_engine_core(model: str, engine_args: dict, input_address: str, output_address: str, parent_pid: int) -> None:
@@ -118,7 +74,7 @@ def run_engine_core(model: str, engine_args: dict, input_address: str, output_ad
     out.connect(output_address)
     enc, dec = m.encoder(), m.decoder(m.ToCore)
     try:
-        engine = LLMEngine(model, **engine_args)
+        engine = LLMEngine(model, sampling_hook=SamplingExtras, **engine_args)
     except BaseException as e:
         out.send(enc.encode(m.Ready(error=f"{type(e).__name__}: {e}")))
         out.close(linger=5000)
@@ -146,7 +102,8 @@ def loop(core: EngineCore, inp: zmq.Socket, out: zmq.Socket, enc, dec, parent_pi
         if os.getppid() != parent_pid:  # the API server died: nobody to serve
             return
         busy = engine.has_unfinished_requests()
-        steps: list[m.RequestStep] = []
+        outputs: list[EngineOutput] = []
+        refused: list[tuple[str, str]] = []
         utility = None
         if inp.poll(0 if busy else POLL_MS):
             while True:  # every message that came meanwhile, then one step
@@ -155,20 +112,22 @@ def loop(core: EngineCore, inp: zmq.Socket, out: zmq.Socket, enc, dec, parent_pi
                 except zmq.Again:
                     break
                 if isinstance(msg, m.AddRequest):
-                    refused = core.add(msg)
-                    steps += [refused] if refused is not None else []
+                    refusal = core.add(msg)
+                    refused += [refusal] if refusal is not None else []
                 elif isinstance(msg, m.Abort):
-                    steps += core.abort(msg.request_ids)
+                    outputs += core.abort(msg.request_ids)
                 elif isinstance(msg, m.AbortAll):
-                    steps += core.abort(list(core.sent))
+                    outputs += core.abort(list(engine.requests))
+                elif isinstance(msg, m.FinishSequences):
+                    engine.finish_sequences(msg.targets)
                 elif isinstance(msg, m.Utility):
                     utility = (msg.call_id, bool(getattr(core, msg.name)()))
                 else:  # Shutdown
                     core.stopping = True
                     break
         if core.stopping:
-            steps += core.abort(list(core.sent))
+            outputs += core.abort(list(engine.requests))
         elif engine.has_unfinished_requests():
-            steps += core.step()
-        if steps or utility is not None:
-            out.send(enc.encode(m.StepOutputs(steps, core.stats(), utility)))
+            outputs += core.step()
+        if outputs or refused or utility is not None:
+            out.send(enc.encode(m.StepOutputs(outputs, core.stats(), utility, refused)))

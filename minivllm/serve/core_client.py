@@ -4,16 +4,16 @@ AsyncLLM's interface: `async for output in client.generate(prompt, params, reque
     API server process                                    engine-core process (core.py)
     event loop: HTTP, SSE   output thread                 LLMEngine stepping
     generate() --- AddRequest over ZMQ (PUSH) ----------> scheduler + model
-    its collector  <------- RequestOutputs <-- decode --- StepOutputs, one per step (PUSH)
-                            detokenise, stop strings,
-                            merge n children
+    its collector  <------- RequestOutputs <-- decode --- StepOutputs, one per step (PUSH): EngineOutputs
+                            the output processor
+                            (detokenise, stop strings, n)
 
 The output thread blocks in ZMQ (releasing the GIL) until the core's next message or death (its process
 sentinel is polled beside the socket): a dead core ends every open stream with EngineDeadError at once and
 `is_running` turns False (/health: 503). A step's outputs reach an event loop in one call_soon_threadsafe.
-One lock guards the request table and the sending socket, shared by the event loops that call generate() and
-the output thread (which aborts requests that hit a stop string). shutdown() asks the core to stop (it aborts
-what runs, stops its TP workers, exits), then waits for it."""
+One lock guards the output processor, the streams and the sending socket, shared by the event loops that call
+generate() and the output thread (which tells the core to end sequences that hit a stop string). shutdown()
+asks the core to stop (it aborts what runs, stops its TP workers, exits), then waits for it."""
 
 import asyncio
 import atexit
@@ -27,19 +27,15 @@ import zmq
 from transformers import AutoConfig
 
 from minivllm.checkpoint import load_tokenizer
-from minivllm.frontend.output_processor import (
-    RequestOutputCollector,
-    RequestState,
-    make_state,
-    request_output,
-    update,
-)
+from minivllm.frontend.output_processor import OutputProcessor
 from minivllm.frontend.outputs import RequestOutput
 from minivllm.frontend.processor import Processor
+from minivllm.frontend.requests import Request
 from minivllm.sampling_params import SamplingParams
 from minivllm.serve import messages as m
 from minivllm.serve.core_process import CoreProcess
 from minivllm.serve.messages import EngineDeadError
+from minivllm.serve.output_collector import RequestOutputCollector
 
 
 class AsyncMPClient:
@@ -48,8 +44,7 @@ class AsyncMPClient:
         self.engine_args = dict(engine_args)
         self.core = CoreProcess(model, self.engine_args)
         self.lock = threading.Lock()
-        self.requests: dict[str, RequestState] = {}  # by request id
-        self.children: dict[str, RequestState] = {}  # by core request id
+        self.streams: dict[str, tuple[asyncio.AbstractEventLoop, RequestOutputCollector]] = {}  # by request id
         self.calls: dict[int, tuple] = {}  # utility call id -> (loop, future)
         self.call_ids = itertools.count()
         self.stats = m.SchedulerStats(0, 0, 0.0, 0)  # the core's gauges after its last step
@@ -64,6 +59,7 @@ class AsyncMPClient:
             raise
         self.model, self.max_model_len = self.info.model, self.info.max_model_len
         self.tokenizer_dir = self.info.tokenizer
+        self.output_processor = OutputProcessor(self.tokenizer)  # in the output thread, under the lock
         i = self.info  # the core's limits: requests are checked here, as the offline engine checks them
         self.processor = Processor(
             self.tokenizer, i.vocab_size, i.max_model_len, i.kvcache_block_size, i.num_kvcache_blocks,
@@ -87,22 +83,18 @@ class AsyncMPClient:
         token ids it tokenised off the event loop."""
         if self.closed:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
-        request = self.processor.process(request_id, prompt, sampling_params)
-        return self._stream(request_id, request.prompt, request.prompt_token_ids, request.params)
+        return self._stream(self.processor.process(request_id, prompt, sampling_params))
 
-    async def _stream(self, request_id: str, text, ids: list[int], params: SamplingParams):
-        queue = RequestOutputCollector(params.output_kind)  # merges DELTA outputs a slow consumer has not taken
-        state = make_state(request_id, text, ids, params, self.tokenizer, asyncio.get_running_loop(), queue)
+    async def _stream(self, request: Request):
+        rid = request.request_id
+        queue = RequestOutputCollector(request.params.output_kind)  # merges DELTA outputs a slow consumer has not taken
         with self.lock:
-            if request_id in self.requests:
-                raise ValueError(f"request id {request_id!r} is already in use")
             if self.closed:
                 raise EngineDeadError(f"the engine is not running: {self.error!r}")
-            self.requests[request_id] = state
-            for cid, child in state.children.items():
-                self.children[cid] = state
-                self.core.send(m.AddRequest.make(cid, ids, child.sampling_params))
-        async with aclosing(queue.outputs(abort=lambda: self.abort(request_id))) as outputs:  # aborts at once
+            self.output_processor.add_request(request)  # (ValueError: the id is in use)
+            self.streams[rid] = (asyncio.get_running_loop(), queue)
+            self.core.send(m.AddRequest.make(rid, request.prompt_token_ids, request.params))
+        async with aclosing(queue.outputs(abort=lambda: self.abort(rid))) as outputs:  # aborts at once
             async for output in outputs:
                 yield output
 
@@ -110,14 +102,10 @@ class AsyncMPClient:
         """Abort requests (thread-safe; unknown ids are ignored); the core frees their blocks."""
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         with self.lock:
-            cids = []
-            for rid in ids:
-                state = self.requests.pop(rid, None)
-                for cid in state.children if state is not None else []:
-                    self.children.pop(cid, None)
-                    cids.append(cid)
-            if cids and not self.closed:
-                self.core.send(m.Abort(cids))
+            ids = [rid for rid in ids if self.streams.pop(rid, None) is not None]
+            self.output_processor.abort_requests(ids)
+            if ids and not self.closed:
+                self.core.send(m.Abort(ids))
 
     def abort_all(self) -> None:
         """Every request ends now with finish_reason "abort" (the core answers with their final outputs). Safe
@@ -180,32 +168,21 @@ class AsyncMPClient:
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         with self.lock:
             self.stats = msg.stats
-            stopped, changed = [], {}  # changed: request id -> (state, its children that got something)
-            for step in msg.outputs:
-                state = self.children.get(step.request_id)
-                if state is None:  # aborted meanwhile
+            for rid, why in msg.refused:  # the core did not queue it: its stream fails
+                target = self.streams.pop(rid, None)
+                self.output_processor.abort_requests([rid])
+                if target is not None:
+                    by_loop.setdefault(target[0], []).append((target[1], ValueError(why)))
+            outputs, stopped = self.output_processor.process(msg.outputs)
+            for output in outputs:
+                target = self.streams.get(output.request_id)
+                if target is None:
                     continue
-                if step.finish_reason == "error":  # the core refused it: the request fails, its other children stop
-                    self.requests.pop(state.request_id, None)
-                    for cid in state.children:
-                        if self.children.pop(cid, None) is not None and cid != step.request_id:
-                            stopped.append(cid)
-                    by_loop.setdefault(state.loop, []).append((state.queue, ValueError(step.stop_reason)))
-                    continue
-                child = state.children[step.request_id]
-                if update(state, child, step):
-                    stopped.append(step.request_id)
-                if child.finish_reason is not None:
-                    del self.children[step.request_id]
-                changed.setdefault(state.request_id, (state, []))[1].append(child)
-            for state, children in changed.values():
-                output = request_output(state, children, self.tokenizer)
-                if output is not None:
-                    by_loop.setdefault(state.loop, []).append((state.queue, output))
-                    if output.finished:
-                        self.requests.pop(state.request_id, None)
+                by_loop.setdefault(target[0], []).append((target[1], output))
+                if output.finished:
+                    del self.streams[output.request_id]
             if stopped:
-                self.core.send(m.Abort(stopped))
+                self.core.send(m.FinishSequences(stopped))
             if msg.utility is not None:
                 loop, future = self.calls.pop(msg.utility[0])
                 by_loop.setdefault(loop, []).append((future, msg.utility[1]))
@@ -219,12 +196,12 @@ class AsyncMPClient:
                 return
             self.closed, self.error = True, error
             by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-            for state in self.requests.values():
-                by_loop.setdefault(state.loop, []).append((state.queue, error))
+            for loop, queue in self.streams.values():
+                by_loop.setdefault(loop, []).append((queue, error))
             for loop, future in self.calls.values():
                 by_loop.setdefault(loop, []).append((future, error))
-            self.requests.clear()
-            self.children.clear()
+            self.output_processor.abort_requests(list(self.streams))
+            self.streams.clear()
             self.calls.clear()
         for loop, items in by_loop.items():
             _send(loop, _put_all, items)

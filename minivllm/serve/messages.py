@@ -6,20 +6,23 @@ core_client.py):
     ------------------                                      -------------------
     AddRequest(id, prompt token ids, params) ------------>  engine.add_request
     Abort(ids) / AbortAll() / Utility(call, name) ------->  engine.abort_request / reset_prefix_cache
+    FinishSequences([(id, index)]) ---------------------->  engine.finish_sequences (their text hit a stop string)
     Shutdown() ------------------------------------------>  abort everything, stop the engine and TP workers
                  <--------------------------------------    Ready(model facts) once, or Ready(error=...)
-                 <--------------------------------------    StepOutputs: ONE per engine step, every request
-                                                            that got tokens (new ids, logprobs, finish reason)
+                 <--------------------------------------    StepOutputs: ONE per engine step, the engine's
+                                                            EngineOutputs (new token ids, raw logprob rows,
+                                                            finish reasons), requests refused, gauges
 
 Why msgspec: a step's outputs for 256 streams encode and decode in tens of microseconds, typed, without
 pickle's cost; only SamplingParams travels pickled (a dataclass others extend, which may hold objects that
-MessagePack cannot carry). A request in the core has one sequence: the front end fans `n` out into `n`
-requests, as vLLM V1 does (ParentRequest), so that a stop string found by its detokeniser ends one of them."""
+MessagePack cannot carry). The engine's EngineOutput (a dataclass) travels as it is: the API server's output
+processor (frontend/output_processor.py) reads the same objects as `LLM`'s does."""
 
 import pickle
 
 import msgspec
 
+from minivllm.engine.request import EngineOutput
 from minivllm.sampling_params import SamplingParams
 
 
@@ -33,7 +36,7 @@ class EngineDeadError(RuntimeError):
 class AddRequest(msgspec.Struct, tag=True, array_like=True):
     request_id: str
     prompt_token_ids: list[int]
-    params: bytes  # pickled SamplingParams, n == 1
+    params: bytes  # pickled SamplingParams (resolved by the front end's Processor)
 
     @staticmethod
     def make(request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> "AddRequest":
@@ -56,11 +59,15 @@ class Utility(msgspec.Struct, tag=True, array_like=True):
     name: str  # a method of the engine core that takes no argument ("reset_prefix_cache")
 
 
+class FinishSequences(msgspec.Struct, tag=True, array_like=True):
+    targets: list[tuple[str, int]]  # (request id, sequence index): their text reached a stop string
+
+
 class Shutdown(msgspec.Struct, tag=True, array_like=True):
     pass
 
 
-ToCore = AddRequest | Abort | AbortAll | Utility | Shutdown
+ToCore = AddRequest | Abort | AbortAll | Utility | FinishSequences | Shutdown
 
 
 # --- from the core --------------------------------------------------------------------------------------
@@ -81,19 +88,6 @@ class Ready(msgspec.Struct, tag=True, array_like=True):
     tokenizer: str = ""  # the directory the core loaded its tokenizer from (the front end loads the same)
 
 
-class RequestStep(msgspec.Struct, array_like=True):
-    """What one request got in one step."""
-
-    request_id: str
-    new_token_ids: list[int]
-    # per new token: [(token id, logprob, rank, decoded text)], the sampled token first; None without logprobs
-    new_logprobs: list[list[tuple[int, float, int | None, str | None]]] | None = None
-    finish_reason: str | None = None  # "stop", "length", "abort", or "error" (then stop_reason is the message)
-    stop_reason: int | str | None = None
-    # once, when the prompt is scored: per prompt token, as new_logprobs (the actual token first); the first None
-    prompt_logprobs: list[list[tuple[int, float, int | None, str | None]] | None] | None = None
-
-
 class SchedulerStats(msgspec.Struct, array_like=True):
     num_running: int
     num_waiting: int
@@ -102,9 +96,10 @@ class SchedulerStats(msgspec.Struct, array_like=True):
 
 
 class StepOutputs(msgspec.Struct, tag=True, array_like=True):
-    outputs: list[RequestStep]
+    outputs: list[EngineOutput]
     stats: SchedulerStats
     utility: tuple[int, bool] | None = None  # (call id, result) of a Utility call
+    refused: list[tuple[str, str]] = []  # (request id, why): requests the engine did not queue
 
 
 FromCore = Ready | StepOutputs

@@ -43,10 +43,10 @@ class StructuredOutputs:
                 compiled[id(params)] = self.compiler.compile(params)
             seq.grammar = self.compiler.matcher(compiled[id(params)])
 
-    def advance(self, sampled: list[tuple[Sequence, int]], scheduler) -> list[Sequence]:
+    def advance(self, sampled: list[tuple[Sequence, int]], finish) -> list[Sequence]:
         """A step's tokens are in (scheduler.on_result): each grammar sequence still running accepts its new
-        token; one whose matcher has terminated (it accepted end-of-sequence, e.g. with ignore_eos) finishes with
-        "stop". Returns the sequences it finished."""
+        token; one whose matcher has terminated (it accepted end-of-sequence, e.g. with ignore_eos) is ended by
+        `finish(seq, "stop")` (the scheduler's). Returns the sequences it finished."""
         finished = []
         for seq, pos in sampled:
             matcher = matcher_of(seq)
@@ -57,6 +57,6 @@ class StructuredOutputs:
             if not accepted:  # the mask allowed only what the grammar accepts: not expected
                 logger.error("request %s: its grammar rejected token %d; the sequence stops", seq.request_id, token)
             if not accepted or matcher.is_terminated():
-                scheduler.finish(seq, "stop")
+                finish(seq, "stop")
                 finished.append(seq)
         return finished

@@ -1,0 +1,46 @@
+"""The one seam through which what nano-vllm's sampler lacks reaches the core: top-k / top-p / min-p, penalties,
+logit bias, allowed tokens, bad words, min_tokens, seeds, logprobs, prompt logprobs and grammar masks. The
+engine is given one hook object at construction (minivllm/frontend/sampling_extras.py implements it, llm.py and
+the serving engine core pass it); llm_engine.py and model_runner.py call it at lines marked `# sampling hook`.
+
+Without a hook, or in a step where no row asks for an extra (`prepare` returns None), the engine samples as
+nano-vllm does: temperatures only, drawn inside the decode CUDA graph on one GPU."""
+
+from typing import Any, Protocol
+
+import torch
+
+from minivllm.engine.sequence import Sequence
+
+
+class SamplingHook(Protocol):
+    # --- the engine (llm_engine.py) ---
+
+    def add_request(self, seqs: list[Sequence]) -> None:
+        """A request's sequences are about to be queued: give them what they carry (a grammar's matcher).
+        Raises ValueError naming a request that cannot run (an invalid grammar)."""
+
+    def prompt_logprobs_rows(self, plan: Any, scored: Any) -> list[tuple[int, int, list[tuple]]]:
+        """A step's prompt log-probabilities as (batch row, first prompt token index, rows) per sequence."""
+
+    def advance(self, sampled: list[tuple[Sequence, int]], finish) -> list[Sequence]:
+        """A step's tokens arrived (`sampled`: sequence, position): let each sequence's extras take its token;
+        `finish(seq, reason)` ends one that must stop (a grammar that terminated). Returns those it ended."""
+
+    # --- the model runner (model_runner.py, rank 0) ---
+
+    def prepare(self, seqs: list[Sequence], buffers, *, device: torch.device, in_graph: bool) -> Any | None:
+        """The step's sampling inputs on the device, or None when no row needs more than its temperature (the
+        runner then samples as nano-vllm does). `in_graph`: the decode graph may draw the tokens."""
+
+    def is_plain(self, batch: Any) -> bool:
+        """True when `batch` holds temperatures only, so the decode graph's draw stands."""
+
+    def sample(self, sampler, logits: torch.Tensor, batch: Any) -> tuple[torch.Tensor, Any | None]:
+        """Tokens (B,) int64 from logits (B, V) with the extras applied, and the rows' raw logprobs (or None)."""
+
+    def plan_prompt_logprobs(self, seqs: list[Sequence]) -> Any | None:
+        """What a prefill step scores for prompt logprobs (None: no row asks; the hidden states are not kept)."""
+
+    def score_prompt_logprobs(self, lm_head, hidden: torch.Tensor, plan: Any) -> Any:
+        """The planned prompt positions scored from the step's hidden states (T, hidden)."""

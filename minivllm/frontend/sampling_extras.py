@@ -1,0 +1,47 @@
+"""The engine's sampling hook (minivllm/engine/sampling_hook.py), implemented: everything a request may ask of
+the sampler beyond nano-vllm's temperature, gathered behind the one object the engine is given. Each concern
+keeps its own module: the step's tensors and the draw (sampling_inputs.py, with penalties.py,
+logits_processors.py, logprobs.py), prompt log-probabilities (prompt_logprobs.py) and grammars
+(structured_outputs/)."""
+
+import torch
+
+from minivllm.engine.sequence import Sequence
+from minivllm.frontend import prompt_logprobs
+from minivllm.frontend.sampling_inputs import SamplingInputs, prepare_sampling, sample_tokens
+from minivllm.frontend.structured_outputs.manager import StructuredOutputs
+
+
+class SamplingExtras:
+    def __init__(self, *, tokenizer, vocab_size: int, eos: list[int]) -> None:
+        self.vocab_size = vocab_size
+        self.eos = list(eos)  # masked while a request is below its min_tokens
+        self.structured_outputs = StructuredOutputs(tokenizer, vocab_size, self.eos)
+
+    # --- the engine ---
+
+    def add_request(self, seqs: list[Sequence]) -> None:
+        self.structured_outputs.attach(seqs)  # a matcher per sequence (ValueError: an invalid grammar)
+
+    def prompt_logprobs_rows(self, plan, scored) -> list[tuple[int, int, list[tuple]]]:
+        return prompt_logprobs.split(plan, scored)
+
+    def advance(self, sampled: list[tuple[Sequence, int]], finish) -> list[Sequence]:
+        return self.structured_outputs.advance(sampled, finish)  # grammars take the tokens
+
+    # --- the model runner ---
+
+    def prepare(self, seqs: list[Sequence], buffers, *, device: torch.device, in_graph: bool) -> SamplingInputs | None:
+        return prepare_sampling(seqs, buffers, device=device, eos=self.eos, vocab=self.vocab_size, in_graph=in_graph)
+
+    def is_plain(self, batch: SamplingInputs) -> bool:
+        return batch.plain
+
+    def sample(self, sampler, logits: torch.Tensor, batch: SamplingInputs):
+        return sample_tokens(sampler, logits, batch)
+
+    def plan_prompt_logprobs(self, seqs: list[Sequence]) -> prompt_logprobs.PromptScoring | None:
+        return prompt_logprobs.plan(seqs)
+
+    def score_prompt_logprobs(self, lm_head, hidden: torch.Tensor, plan: prompt_logprobs.PromptScoring):
+        return prompt_logprobs.score(lm_head, hidden, plan)
