@@ -326,7 +326,11 @@ def assert_idle(llm, timeout: float = 10) -> None:
         if hasattr(llm, "engine"):  # in-process
             idle = not llm.engine.requests
         else:  # the core's gauges after its last step, and the client's table
-            idle = not llm.requests and llm.stats.num_running == llm.stats.num_waiting == 0
+            idle = (
+                not llm.streams
+                and not llm.output_processor.requests
+                and llm.stats.num_running == llm.stats.num_waiting == 0
+            )
         if idle or time.time() > deadline:
             break
         time.sleep(0.05)
