@@ -4,7 +4,7 @@ and cache sizes; every step is checked: budgets respected, decoding sequences sc
 accounted (free + used = all, reference counts = holders), no write into a shared block, prefix hits only
 on blocks computed from the same tokens (a shadow record of every slot), first admissions in FIFO order;
 at the end every request finished exactly once with exactly the tokens an oracle predicts, and every block
-is free. Both loops the engine uses are driven: synchronous (`helpers.scheduling.postprocess`) and one
+is free. Both loops the engine uses are driven: synchronous (`Scheduler.postprocess`) and one
 step ahead (`on_launch` now, `on_result` after the next step is scheduled)."""
 
 from dataclasses import dataclass
@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from test_block_manager import Shadow, check_accounting
 from transformers import AutoConfig
 
-from helpers.scheduling import postprocess
 from minivllm.config import Config
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.sequence import PENDING, Sequence, SequenceStatus
@@ -158,7 +157,7 @@ def run(sched: Scheduler, requests: list[Request], salt: int, overlap: bool) -> 
         sampled = [fake_token(index[s.seq_id], s.num_tokens, salt) for s in scheduled]
         stats["steps"] += 1
         if not overlap:
-            finish(postprocess(sched, scheduled, sampled))
+            finish(sched.postprocess(scheduled, sampled))
             continue
         launched = (scheduled, sched.on_launch(scheduled), sampled) if scheduled else None
         if in_flight is not None:
@@ -239,15 +238,15 @@ def test_preempted_sequence_keeps_its_tokens_and_resumes_first(tiny_qwen3, hf_co
     b = Sequence([2, 2, 2, 2], SamplingParams(max_tokens=5, ignore_eos=True))
     sched.add(a), sched.add(b)
     assert sched.schedule() == [a, b]  # 2 + 2 blocks
-    postprocess(sched, [a, b], [7, 8])
+    sched.postprocess([a, b], [7, 8])
     assert sched.schedule() == [a] and sched.waiting[0] is b  # a's 3rd block: b preempted
     assert b.token_ids == [2, 2, 2, 2, 8] and b.num_computed_tokens == 0 and not b.block_table
     assert sched.num_preemptions == 1
     c = Sequence([3], SamplingParams(max_tokens=1))
     sched.add(c)
-    postprocess(sched, [a], [7])
+    sched.postprocess([a], [7])
     while a in sched.running:
         assert sched.schedule()[0] is a
-        postprocess(sched, [a], [7])
+        sched.postprocess([a], [7])
     assert sched.schedule() == [b, c]  # b first, recomputed with its token
     assert b.num_computed_tokens + b.num_scheduled_tokens == 5 and b.token_ids == [2, 2, 2, 2, 8]

@@ -117,6 +117,12 @@ class Scheduler:
             budget -= n
         return scheduled
 
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> list[Sequence]:
+        """nano-vllm's postprocess: account a step that has run, append its tokens (one per sequence of `seqs`) and
+        finish sequences; returns those that finished. The engine calls its two halves apart, `on_launch` when it
+        launches a step and `on_result` when the step's tokens arrive, so that it can run one step ahead."""
+        return self.on_result(seqs, self.on_launch(seqs), token_ids)
+
     def on_launch(self, seqs: list[Sequence]) -> list[tuple[Sequence, int]]:
         """A step was launched: its tokens count as computed. Each sequence that reached its last token gets a
         PENDING placeholder for the token being sampled, so the next step can be scheduled before that token
