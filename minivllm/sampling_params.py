@@ -1,12 +1,12 @@
 """Per-request sampling parameters with vLLM's names, meanings and defaults, validated on construction (a bad
 value is a ValueError that names the field).
 
-The pipeline they drive, in order (minivllm/engine/model_runner.py, `ModelRunner.sample`): log-probabilities
+The pipeline they drive, in order (minivllm/frontend/sampling_inputs.py, `sample_tokens`): log-probabilities
 of the raw logits (`logprobs`), `min_tokens` (EOS and `stop_token_ids` masked until reached), the penalties
 (`repetition_penalty` over prompt + output tokens, `frequency_penalty` / `presence_penalty` over output
 tokens), then temperature, `min_p`, `top_k`, `top_p`, and the draw (`seed`: the request's own random stream).
 On the host: `stop` strings on the detokenised text, `max_tokens`, `ignore_eos`. Before the penalties,
-`allowed_token_ids`, `bad_words` and `logit_bias` (layers/logits_processors.py). `structured_outputs` masks the
+`allowed_token_ids`, `bad_words` and `logit_bias` (frontend/logits_processors.py). `structured_outputs` masks the
 logits before all of these, logprobs included as in vLLM (minivllm/frontend/structured_outputs)."""
 
 import copy
