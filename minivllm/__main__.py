@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve_main(argv[1:])
     args = parse_args(argv)
     from minivllm import LLM, SamplingParams  # after argparse: --help needs no torch
+    from minivllm.frontend.sampling_checks import check_sampling_params
 
     try:
         sampling_params = SamplingParams(
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             max_tokens=args.max_tokens,
             ignore_eos=args.ignore_eos,
         )
+        check_sampling_params(sampling_params)  # a bad value fails before the model loads
     except ValueError as e:
         return fail(str(e))
     prompts = read_prompts(args)

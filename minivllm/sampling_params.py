@@ -1,5 +1,7 @@
-"""Per-request sampling parameters with vLLM's names, meanings and defaults, validated on construction (a bad
-value is a ValueError that names the field).
+"""Per-request sampling parameters with vLLM's names, meanings and defaults: plain data. They are checked where a
+request is accepted (frontend/sampling_checks.py, called by the Processor that LLM and the server run): a bad
+value is a ValueError that names the field, and vLLM's other spellings are normalised there (top_k -1, a
+temperature below 1e-5 as greedy).
 
 The pipeline they drive, in order (minivllm/frontend/sampling_inputs.py, `sample_tokens`): log-probabilities
 of the raw logits (`logprobs`), `min_tokens` (EOS and `stop_token_ids` masked until reached), the penalties
@@ -12,9 +14,6 @@ logits before all of these, logprobs included as in vLLM (minivllm/frontend/stru
 import copy
 from dataclasses import dataclass, field
 from enum import IntEnum
-
-from minivllm.frontend.sampling_checks import GREEDY_EPS, MAX_LOGPROBS, check_sampling_params  # noqa: F401 (re-exported)
-from minivllm.frontend.structured_outputs.params import StructuredOutputsParams
 
 
 class RequestOutputKind(IntEnum):
@@ -47,23 +46,31 @@ class SamplingParams:
     bad_words: list[str] | None = None  # words never generated (a word's last token banned after the others)
     skip_special_tokens: bool = True
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
-    structured_outputs: StructuredOutputsParams | None = (
-        None  # the output's grammar (minivllm/frontend/structured_outputs)
-    )
-    # derived (the engine reads them at every step): penalties and bad words read every previous token; anything
-    # beyond temperature needs the sampling outside the decode graph
-    needs_history: bool = field(default=False, init=False, repr=False, compare=False)
-    needs_processing: bool = field(default=False, init=False, repr=False, compare=False)
+    structured_outputs: object | None = None  # a StructuredOutputsParams (frontend/structured_outputs/params.py)
     bad_words_token_ids: list[list[int]] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        check_sampling_params(self)  # raises naming the field; normalises stop, stop_token_ids, top_k, greedy
-        self.output_kind = RequestOutputKind(self.output_kind)
-        so = self.structured_outputs
-        if so is not None and not isinstance(so, StructuredOutputsParams):
-            raise ValueError(f"structured_outputs must be a StructuredOutputsParams or None, got {type(so).__name__}")
-        self.needs_history = self.has_penalties or bool(self.bad_words)
-        self.needs_processing = (
+        # the spellings the engine reads as one (a stop string, no stop tokens); every check is the Processor's
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def needs_history(self) -> bool:
+        """Penalties and bad words read every previous token (the engine waits for the step in flight)."""
+        return self.has_penalties or bool(self.bad_words)
+
+    @property
+    def needs_processing(self) -> bool:
+        """Anything beyond temperature: the row is sampled outside the decode graph, by the sampling hook."""
+        return (
             self.top_k > 0
             or self.top_p < 1
             or self.min_p > 0
@@ -73,10 +80,6 @@ class SamplingParams:
             or bool(self.logit_bias or self.allowed_token_ids)
             or self.structured_outputs is not None  # the grammar's mask, on the eager path
         )
-
-    @property
-    def has_penalties(self) -> bool:
-        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     def clone(self) -> "SamplingParams":
         """A deep copy (vLLM's clone): changing one's lists or dicts leaves the other as it was."""

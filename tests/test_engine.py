@@ -27,6 +27,7 @@ from conftest import (
     with_generation_config,
 )
 from minivllm import LLM, SamplingParams
+from minivllm.frontend.sampling_checks import check_sampling_params
 
 N = 10  # tokens generated per prompt
 BS = 16  # KV block size used throughout
@@ -373,8 +374,8 @@ def test_bad_request_is_refused_and_the_engine_keeps_serving(tiny_qwen3, hf, pro
     ],
 )
 def test_bad_sampling_params(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        SamplingParams(**kwargs)
+    with pytest.raises(ValueError, match=message):  # checked where a request is accepted (the Processor)
+        check_sampling_params(SamplingParams(**kwargs))
 
 
 def test_unknown_engine_arguments_are_named(tiny_qwen3):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from helpers.stats import CHI2_999, chi2_gof, chi2_two_sample, fits, reference_probs
+from minivllm.frontend.sampling_checks import check_sampling_params
 from minivllm.kernels import pick
 from minivllm.layers.sampler import Sampler, filter_top_k_top_p
 from minivllm.sampling_params import SamplingParams
@@ -180,8 +181,8 @@ def test_sampler_rejects_bad_shapes():
     [("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("max_tokens", 0), ("top_k", 2.5)],
 )
 def test_sampling_params_validation_names_the_field(field, value):
-    with pytest.raises(ValueError, match=field):
-        SamplingParams(**{field: value})
+    with pytest.raises(ValueError, match=field):  # checked where a request is accepted (the Processor)
+        check_sampling_params(SamplingParams(**{field: value}))
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minivllm import LLM, SamplingParams
 from minivllm.engine.sequence import Sequence
+from minivllm.frontend.sampling_checks import check_sampling_params
 from minivllm.frontend.sampling_inputs import prepare_sampling
 from minivllm.sampling_params import RequestOutputKind
 
@@ -280,8 +281,8 @@ def test_stop_string_across_a_token_boundary(llm, include):
     ],
 )
 def test_bad_sampling_params_name_the_field(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        SamplingParams(**kwargs)
+    with pytest.raises(ValueError, match=message):  # checked where a request is accepted (the Processor)
+        check_sampling_params(SamplingParams(**kwargs))
 
 
 def test_vllm_defaults_and_normalisation():
@@ -295,8 +296,12 @@ def test_vllm_defaults_and_normalisation():
         [],
         [],
     )
-    assert SamplingParams(top_k=-1).top_k == 0 and SamplingParams(stop="x").stop == ["x"]
-    g = SamplingParams(temperature=0, top_k=5, top_p=0.5)  # greedy: the filters are off
+    assert SamplingParams(stop="x").stop == ["x"]
+    minus_one = SamplingParams(top_k=-1)
+    check_sampling_params(minus_one)  # vLLM's other spellings are normalised where a request is accepted
+    assert minus_one.top_k == 0
+    g = SamplingParams(temperature=0, top_k=5, top_p=0.5)
+    check_sampling_params(g)  # greedy: the filters are off
     assert (g.top_k, g.top_p) == (0, 1.0) and not g.needs_processing
     assert SamplingParams(max_tokens=None).max_tokens is None
 

@@ -18,6 +18,7 @@ import torch
 from conftest import needs_smollm2
 from helpers.tiny_model import CHAT_TEMPLATE, make_tiny_checkpoint
 from minivllm import LLM, SamplingParams
+from minivllm.frontend.sampling_checks import check_sampling_params
 from minivllm.frontend.structured_outputs.bitmask import GrammarMask, allowed_tokens, apply_grammar_mask, num_words
 from minivllm.frontend.structured_outputs.grammar import GrammarCompiler, choice_grammar
 from minivllm.frontend.structured_outputs.params import StructuredOutputsParams
@@ -101,7 +102,7 @@ def test_sampling_params_field():
     assert sp.needs_processing and not sp.needs_history  # the eager path; no penalties
     assert not SamplingParams().needs_processing
     with pytest.raises(ValueError, match="structured_outputs must be a StructuredOutputsParams"):
-        SamplingParams(structured_outputs={"choice": ["a"]})
+        check_sampling_params(SamplingParams(structured_outputs={"choice": ["a"]}))
 
 
 # --- the mask --------------------------------------------------------------------------------------------------

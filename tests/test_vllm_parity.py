@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
+from minivllm.frontend.sampling_checks import check_sampling_params
 
 ARGS = dict(kvcache_block_size=16, max_model_len=256, max_num_seqs=8, num_kvcache_blocks=96)
 _gen = torch.Generator().manual_seed(3)
@@ -210,8 +211,8 @@ def test_token_ids_outside_the_vocabulary_are_refused(llm, kw, message):
     ],
 )
 def test_bad_values_name_the_field(kw, message):
-    with pytest.raises(ValueError, match=message):
-        SamplingParams(**kw)
+    with pytest.raises(ValueError, match=message):  # checked where a request is accepted (the Processor)
+        check_sampling_params(SamplingParams(**kw))
 
 
 def test_clone_is_deep():

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 from minivllm.frontend.inputs import parse_prompt
 from minivllm.frontend.requests import Request
+from minivllm.frontend.sampling_checks import check_sampling_params
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -65,6 +66,7 @@ class Processor:
         """Raise ValueError / TypeError naming what makes this request impossible for the engine."""
         if not isinstance(sp, SamplingParams):
             raise TypeError(f"sampling params must be a SamplingParams, got {type(sp).__name__}")
+        check_sampling_params(sp)  # each field (ValueError naming it); vLLM's spellings normalised
         if len(token_ids) == 0:
             raise ValueError("empty prompt: a request needs at least one token")
         for name, ids in (

@@ -1,7 +1,12 @@
-"""The checks of SamplingParams (sampling_params.py): each bad value is a ValueError that names the field; on
-the way, vLLM's spellings are normalised (a stop string to a list, top_k -1 to 0, greedy's unused filters)."""
+"""The checks of SamplingParams (sampling_params.py, plain data), run where a request is accepted (the Processor,
+processor.py, for LLM and the server alike; the command line before it loads a model): each bad value is a
+ValueError that names the field; on the way, vLLM's spellings are normalised in place (a stop string to a list,
+top_k -1 to 0, greedy's unused filters)."""
 
 import math
+
+from minivllm.frontend.structured_outputs.params import StructuredOutputsParams
+from minivllm.sampling_params import RequestOutputKind
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 GREEDY_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
@@ -17,6 +22,7 @@ def _is_number(x) -> bool:
 
 
 def check_sampling_params(sp) -> None:
+    """Raise ValueError naming the first field of `sp` with a bad value; normalise the others in place."""
     if not _is_int(sp.n) or sp.n < 1:
         raise ValueError(f"n must be an integer >= 1, got {sp.n!r}")
     if not _is_number(sp.temperature) or sp.temperature < 0:
@@ -78,3 +84,9 @@ def check_sampling_params(sp) -> None:
         ):
             raise ValueError(f"bad_words must be a list of non-empty strings, got {sp.bad_words!r}")
         sp.bad_words = list(sp.bad_words)
+    if sp.output_kind not in tuple(RequestOutputKind):
+        raise ValueError(f"output_kind must be a RequestOutputKind, got {sp.output_kind!r}")
+    sp.output_kind = RequestOutputKind(sp.output_kind)
+    so = sp.structured_outputs
+    if so is not None and not isinstance(so, StructuredOutputsParams):
+        raise ValueError(f"structured_outputs must be a StructuredOutputsParams or None, got {type(so).__name__}")
