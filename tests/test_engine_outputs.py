@@ -135,3 +135,26 @@ def test_decode_stream_text_is_exactly_decode(tokenizer):
             for i, token in enumerate(ids):
                 detok.add([token], final=i == len(ids) - 1)
             assert detok.text == tokenizer.decode(ids, skip_special_tokens=skip), ids
+
+
+def test_the_core_imports_no_front_end():
+    """The core (engine/, layers/, models/, utils/, config, sampling_params, checkpoint) never imports the front end
+    or the server, directly or through another module: they reach it from outside (the sampling hook, the output
+    processor)."""
+    from test_imports import MODULES, imports_of
+
+    core = [
+        m
+        for m in MODULES
+        if m.split(".")[1:2] in (["engine"], ["layers"], ["models"], ["utils"])
+        or m in ("minivllm.config", "minivllm.sampling_params", "minivllm.checkpoint")
+    ]
+    graph = {name: imports_of(name) for name in MODULES}
+    for name in core:
+        seen, todo = set(), [name]
+        while todo:  # every module `name` reaches
+            for m in graph[todo.pop()] - seen:
+                seen.add(m)
+                todo.append(m)
+        extras = sorted(m for m in seen if m.startswith(("minivllm.frontend", "minivllm.serve")))
+        assert not extras, f"{name} reaches {extras}"
