@@ -7,7 +7,7 @@ from transformers import PretrainedConfig
 
 from minivllm.checkpoint import load_hf_config
 from minivllm.frontend.engine_args import check_config, check_model_fits, vllm_engine_args
-from minivllm.kernels import KernelOptions
+from minivllm.kernels.table import KernelOptions
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ number per row, not one per logit (kernels/triton/sampler.py)."""
 import torch
 from torch import nn
 
-from minivllm.kernels import TORCH, Ops
+from minivllm.kernels.table import TORCH, Ops
 
 
 def check_sampling_tensors(
