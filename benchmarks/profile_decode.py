@@ -83,7 +83,7 @@ def main() -> None:
         name = runner.backend.name
         runner.ops = kernels.pick(runner.device, runner.dtype, backend=name, options=options)
         runner.backend = attention_backend.create(name, decode=runner.ops.paged_decode)
-        runner.sampler.ops = runner.ops
+        runner.sampler.draw = runner.ops.draw
         runner.graphs = None
         torch.cuda.synchronize()
         runner.load_model()  # the model built again with this variant's kernels (bound at construction)

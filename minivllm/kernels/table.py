@@ -23,7 +23,7 @@ class KernelOptions:
     cpu_packed_linear: bool = True  # CPU: linear layers through oneDNN with weights packed at load (cpu/linear.py)
     triton_on_cpu: bool = False  # CPU: run the GPU path's Triton kernels interpreted
     cpu_ops: bool = True  # CPU: norms, RoPE, SiLU-mul, KV store, decode attention in C++ when built (cpu/ops.py)
-    attention_compile: str = "auto"  # GPU start: where FlashAttention-4 compiles (engine/startup/attention_compile.py)
+    attention_compile: str = "auto"  # GPU start: where FlashAttention-4 compiles (kernels/startup/attention_compile.py)
     triton_compile: bool = (
         True  # GPU start: our Triton kernels compile side by side on threads (startup/triton_compile)
     )

@@ -34,14 +34,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_process_group(rank: int, world_size: int, port: int, backend: str | None = None) -> None:
-    """torch.distributed's default group for a process that serves one purpose (tests' spawned ranks)."""
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-
-
 def new_engine_group(rank: int, world_size: int, port: int, backend: str) -> dist.ProcessGroup:
     """This engine's group over its `world_size` ranks, met at `port` on localhost (rank 0 holds the store): a
     process group of its own, not torch.distributed's default one, so one process can hold several engines'."""
