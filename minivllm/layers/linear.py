@@ -82,8 +82,17 @@ class ReplicatedLinear(LinearBase):
 class ColumnParallelLinear(LinearBase):
     """y[:, shard] = x @ W[shard].T: each rank holds output rows [rank * n, (rank + 1) * n)."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, **kw) -> None:
-        super().__init__(input_size, divide(output_size, tp_size(kw.get("group")), "output size"), bias, 0, **kw)
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        *,
+        ops: Ops = TORCH,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        output_size = divide(output_size, tp_size(group), "output size")
+        super().__init__(input_size, output_size, bias, tp_dim=0, ops=ops, group=group)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         shard_size = param.data.size(self.tp_dim)
@@ -96,9 +105,17 @@ class ColumnParallelLinear(LinearBase):
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column layers side by side (gate_proj, up_proj); integer shard ids index output_sizes."""
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, **kw) -> None:
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: list[int],
+        bias: bool = False,
+        *,
+        ops: Ops = TORCH,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
         self.output_sizes = output_sizes
-        super().__init__(input_size, sum(output_sizes), bias, **kw)
+        super().__init__(input_size, sum(output_sizes), bias, ops=ops, group=group)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: int) -> None:
         shard_offset = sum(self.output_sizes[:loaded_shard_id]) // self.tp_size
@@ -119,15 +136,17 @@ class QKVParallelLinear(ColumnParallelLinear):
         total_num_heads: int,
         total_num_kv_heads: int | None = None,
         bias: bool = False,
-        **kw,
+        *,
+        ops: Ops = TORCH,
+        group: dist.ProcessGroup | None = None,
     ) -> None:
         total_num_kv_heads = total_num_kv_heads or total_num_heads
-        tp = tp_size(kw.get("group"))
+        tp = tp_size(group)
         self.head_size = head_size
         self.num_heads = divide(total_num_heads, tp, "number of attention heads")
         self.num_kv_heads = divide(total_num_kv_heads, tp, "number of KV heads")
         output_size = (total_num_heads + 2 * total_num_kv_heads) * head_size
-        super().__init__(hidden_size, output_size, bias, **kw)
+        super().__init__(hidden_size, output_size, bias, ops=ops, group=group)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: str) -> None:
         q_size, kv_size = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
@@ -143,8 +162,17 @@ class QKVParallelLinear(ColumnParallelLinear):
 class RowParallelLinear(LinearBase):
     """y = sum over ranks of x[:, shard] @ W[:, shard].T: partial sums, then one all_reduce."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, **kw) -> None:
-        super().__init__(divide(input_size, tp_size(kw.get("group")), "input size"), output_size, bias, 1, **kw)
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        *,
+        ops: Ops = TORCH,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        input_size = divide(input_size, tp_size(group), "input size")
+        super().__init__(input_size, output_size, bias, tp_dim=1, ops=ops, group=group)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         if param.data.dim() == 2:

@@ -160,14 +160,24 @@ class Qwen3DecoderLayer(nn.Module):
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, config, qkv_bias: bool, o_bias: bool, qk_norm: bool, **built) -> None:
-        """`built`: what the engine chose, for every layer (`ops`, `attn_backend`, `group`: Qwen3DecoderLayer's)."""
+    def __init__(
+        self,
+        config,
+        qkv_bias: bool,
+        o_bias: bool,
+        qk_norm: bool,
+        *,
+        ops: Ops = TORCH,
+        attn_backend: AttentionBackend | None = None,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, group=built.get("group"))
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, group=group)
+        built = dict(ops=ops, attn_backend=attn_backend, group=group)  # the engine's choices, for every layer
         self.layers = nn.ModuleList(
             [Qwen3DecoderLayer(config, qkv_bias, o_bias, qk_norm, **built) for _ in range(config.num_hidden_layers)]
         )
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, ops=built.get("ops", TORCH))
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, ops=ops)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden_states = self.embed_tokens(input_ids)  # (N, hidden)
