@@ -331,3 +331,22 @@ def test_loader_shape_mismatch_names_layer_and_shard():
     col = ColumnParallelLinear(16, 24)
     with pytest.raises(ValueError, match=r"ColumnParallelLinear: input last dim 8 != in_features 16"):
         col(torch.randn(2, 8))
+
+
+def test_get_rope_is_one_module_per_kernel_table():
+    """Every layer of one model shares one RotaryEmbedding; a model built with other kernels gets its own (bound to
+    its table's rotary), not the first model's."""
+    from dataclasses import replace
+
+    from minivllm.layers.rotary_embedding import rotary
+
+    def kernel(positions, q, k, cos_sin_cache):  # a stand-in rotary kernel
+        return rotary(positions, q, k, cos_sin_cache)
+
+    get_rope.cache_clear()
+    eager = ops(cpu_ops=False)
+    first = get_rope(16, 16, 64, 10000.0, ops=eager)
+    assert get_rope(16, 16, 64, 10000.0, ops=eager) is first and first._rotary is rotary
+    other = get_rope(16, 16, 64, 10000.0, ops=replace(eager, rotary=kernel))
+    assert other is not first and other._rotary is kernel
+    get_rope.cache_clear()

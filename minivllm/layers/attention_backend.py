@@ -30,6 +30,10 @@ class TorchBackend(AttentionBackend):
 
     name = "torch"
 
+    def __init__(self, decode: Callable | None = None) -> None:
+        super().__init__(decode)
+        self.gathers: dict = {}  # the last decode gather, shared by the engine's layers (torch_attention.decode_gather)
+
     def prefill(self, q, k, v, cu_seqlens, max_seqlen: int, scale: float) -> torch.Tensor:
         """Fresh K/V, packed by cu_seqlens: q (N, H, D), k/v (N, Hkv, D) -> (N, H, D)."""
         return torch_attention.varlen_attention(q, k, v, cu_seqlens, scale)
@@ -43,7 +47,9 @@ class TorchBackend(AttentionBackend):
 
     def own_decode(self, q, k_cache, v_cache, context_lens, block_tables, scale: float) -> torch.Tensor:
         """One query per sequence: q (B, H, D) -> (B, H, D)."""
-        return torch_attention.paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale)
+        return torch_attention.paged_decode_attention(
+            q, k_cache, v_cache, context_lens, block_tables, scale, self.gathers
+        )
 
 
 CLASSES = {"torch": TorchBackend, "flash_attn": FlashAttnBackend, "fa4": FA4Backend}
