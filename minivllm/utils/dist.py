@@ -44,8 +44,10 @@ def new_engine_group(rank: int, world_size: int, port: int, backend: str) -> dis
 
 
 def destroy_engine_group(group: dist.ProcessGroup) -> None:
-    """Close this engine's group only, never another engine's."""
-    group.shutdown()
+    """Close this engine's group only, never another engine's. (Gloo's groups have `shutdown` from torch 2.7 on;
+    before, their connections close when the last reference goes.)"""
+    if hasattr(group, "shutdown"):
+        group.shutdown()
 
 
 def min_over_ranks(n: int, device: torch.device, group: dist.ProcessGroup | None = None) -> int:
