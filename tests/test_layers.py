@@ -141,6 +141,7 @@ def test_small_ops_route_to_triton_only_where_asked():
     assert SiluAndMul(ops=ops(triton_on_cpu=True))._silu_and_mul is activation.silu_and_mul
     assert RMSNorm(8, ops=eager)._add_rms_norm is torch_layernorm.add_rms_norm  # the definition itself
     assert RMSNorm(8, ops=compiled)._rms_norm is not torch_layernorm.rms_norm  # a torch.compile of it
+    assert RMSNorm(8, ops=compiled)._rms_norm is RMSNorm(16, ops=compiled)._rms_norm  # one per definition, shared
     gpu = pick("cuda")  # a table only: nothing runs
     assert gpu.rms_norm is layernorm.rms_norm and gpu.attention_prologue is not None and gpu.compile
     with pytest.raises(ValueError, match="unknown kernel option"):

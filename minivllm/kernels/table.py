@@ -79,11 +79,13 @@ class Ops:
 TORCH = Ops()  # the torch definitions everywhere: what a layer built alone runs
 
 
+@functools.cache
 def compiled(fn: Callable, token_args: int = 1) -> Callable:
     """`fn` through torch.compile, made on the first call (making it imports dynamo and inductor, ~2 s, which a run
     that never calls it does not pay). Only the token dimension is symbolic, marked dynamic at each call so the
     first compile covers every token count; every dimension symbolic (dynamic=True) made hidden sizes symbolic
-    too, and the generated kernels 5-10x slower on a GPU."""
+    too, and the generated kernels 5-10x slower on a GPU. One wrapper per definition (cached), shared by every
+    layer that binds it: a wrapper per layer would compile the same graph once per layer."""
     fast = None
 
     @functools.wraps(fn)
