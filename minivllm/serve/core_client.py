@@ -185,12 +185,13 @@ class AsyncMPClient:
                 state = self.children.get(step.request_id)
                 if state is None:  # aborted meanwhile
                     continue
-                if step.finish_reason == "error":  # the core refused it: the request fails, its other children stop
+                if step.finish_reason == "error":  # refused or failed: the request fails, its other children stop
                     self.requests.pop(state.request_id, None)
                     for cid in state.children:
                         if self.children.pop(cid, None) is not None and cid != step.request_id:
                             stopped.append(cid)
-                    by_loop.setdefault(state.loop, []).append((state.queue, ValueError(step.stop_reason)))
+                    error = (ValueError if step.error_status == 400 else m.RequestFailedError)(step.stop_reason)
+                    by_loop.setdefault(state.loop, []).append((state.queue, error))
                     continue
                 child = state.children[step.request_id]
                 if update(state, child, step):
