@@ -70,6 +70,7 @@ def build_app(
             await asyncio.to_thread(llm.shutdown)
 
     app = FastAPI(title="minivllm", lifespan=lifespan)
+    app.state.tokens = tokens  # (its workers: what /health reports on)
     add_error_handlers(app)
     add_middleware(app, options)
     add_token_routes(app, tokens, served_model_name, options.trust_request_chat_template)
@@ -219,8 +220,9 @@ class ServerThread:
     ):
         self.port = port or free_port()
         self.url = f"http://{host}:{self.port}"
+        self.app = build_app(llm, served_model_name, options=options)
         config = uvicorn.Config(
-            build_app(llm, served_model_name, options=options),
+            self.app,
             host=host,
             port=self.port,
             log_level="warning",

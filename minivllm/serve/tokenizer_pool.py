@@ -114,6 +114,7 @@ class Worker:
         self.ready = threading.Event()  # the first start finished (well or not)
         self.broken = False  # the last start failed
         self.restarts = 0
+        self.holding: Job | None = None  # the job its process works on now
         self.thread = threading.Thread(target=self.run, name=f"minivllm-tok-{index}", daemon=True)
         self.thread.start()
 
@@ -152,12 +153,15 @@ class Worker:
         self.stop_process()
 
     def call(self, job: Job) -> tuple[str, object]:
+        self.holding = job
         try:
             self.conn.send((job.name, job.args))
             if self.conn in wait([self.conn, self.process.sentinel]):
                 return self.conn.recv()
         except (EOFError, OSError):
             pass
+        finally:
+            self.holding = None
         self.process.join(1)
         code = self.process.exitcode
         logger.error("tokenizer worker %d died (exit code %s) on a %s job: replacing it", self.index, code, job.name)
