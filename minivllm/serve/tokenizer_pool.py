@@ -91,8 +91,8 @@ def _serve(conn, model: str, tokenizer: str, parent: int) -> None:
         name, args = job
         try:
             conn.send(("ok", JOBS[name](*args)))
-        except (ValueError, TypeError) as e:  # the request's fault: a 400
-            conn.send(("error", type(e)(str(e))))
+        except (ValueError, TypeError, OverflowError) as e:  # the request's fault (an id beyond 32 bits...): a 400
+            conn.send(("error", (TypeError if isinstance(e, TypeError) else ValueError)(str(e))))
         except Exception as e:  # anything else, as an error that pickles: a 500
             conn.send(("error", RuntimeError(f"{type(e).__name__}: {e}")))
 
