@@ -22,79 +22,14 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
-from minivllm.utils.process_name import TOKENIZER, set_process_name
+from minivllm.serve.tokenizer_worker import serve_jobs
 
 logger = logging.getLogger("minivllm.serve")
 START_TIMEOUT = 300.0  # a worker imports transformers and loads the tokenizer
 
-_tokenizer = None  # the worker process's own
-
 
 class WorkerDiedError(RuntimeError):
     """The tokenizer worker that held this job died (it is being replaced; the job is lost)."""
-
-
-def _load(model: str, tokenizer: str, parent: int) -> None:
-    global _tokenizer
-    from transformers import AutoConfig
-
-    from minivllm.checkpoint import load_tokenizer
-
-    set_process_name(TOKENIZER)
-    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
-    _tokenizer = load_tokenizer(tokenizer, AutoConfig.from_pretrained(model))
-
-
-def _exit_with(parent: int) -> None:
-    """A worker blocked on its pipe does not notice a killed server: it leaves once its parent is gone."""
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(0)
-
-
-def _fits(ids: list[int], max_model_len: int) -> list[int]:
-    from minivllm.frontend.processor import no_room  # the engine's words: the server names the field from them
-
-    if len(ids) >= max_model_len:
-        raise ValueError(no_room(len(ids), max_model_len))
-    return ids
-
-
-def _encode(text: str, max_model_len: int, add_special_tokens: bool) -> list[int]:
-    return _fits(_tokenizer.encode(text, add_special_tokens=add_special_tokens), max_model_len)
-
-
-def _chat(conversation: list[dict], add_generation_prompt: bool, kwargs: dict, max_model_len: int) -> list[int]:
-    from jinja2 import TemplateError
-
-    from minivllm.frontend.inputs import render_chat
-
-    try:
-        prompt = render_chat(_tokenizer, conversation, add_generation_prompt, **kwargs)
-    except TemplateError as e:  # a template that does not parse, fails or breaks the sandbox: the request's fault
-        raise ValueError(f"chat template error: {type(e).__name__}: {e}") from None
-    return _fits(_tokenizer.encode(prompt, add_special_tokens=False), max_model_len)  # the template wrote them
-
-
-def _decode(ids: list[int]) -> str:
-    return _tokenizer.decode(ids)
-
-
-JOBS = dict(encode=_encode, chat=_chat, decode=_decode)
-
-
-def _serve(conn, model: str, tokenizer: str, parent: int) -> None:
-    """A worker process: load the tokenizer, say so, then answer jobs one at a time until told to stop."""
-    _load(model, tokenizer, parent)
-    conn.send(("ready", None))
-    while (job := conn.recv()) is not None:
-        name, args = job
-        try:
-            conn.send(("ok", JOBS[name](*args)))
-        except (ValueError, TypeError, OverflowError) as e:  # the request's fault (an id beyond 32 bits...): a 400
-            conn.send(("error", (TypeError if isinstance(e, TypeError) else ValueError)(str(e))))
-        except Exception as e:  # anything else, as an error that pickles: a 500
-            conn.send(("error", RuntimeError(f"{type(e).__name__}: {e}")))
 
 
 @dataclass(slots=True)
@@ -122,7 +57,7 @@ class Worker:
         ctx = mp.get_context("spawn")
         parent_conn, child_conn = ctx.Pipe()
         p = self.pool
-        self.process = ctx.Process(target=_serve, args=(child_conn, p.model, p.tokenizer, os.getpid()), daemon=True)
+        self.process = ctx.Process(target=serve_jobs, args=(child_conn, p.model, p.tokenizer, os.getpid()), daemon=True)
         self.process.start()
         child_conn.close()
         self.conn = parent_conn
@@ -164,6 +99,8 @@ class Worker:
             self.holding = None
         self.process.join(1)
         code = self.process.exitcode
+        if self.pool.closing:  # shutdown() stopped it
+            return "error", WorkerDiedError("the server is shutting down")
         logger.error("tokenizer worker %d died (exit code %s) on a %s job: replacing it", self.index, code, job.name)
         self.restarts += 1
         self.restart()
@@ -203,6 +140,7 @@ class TokenizerPool:
         self.model, self.tokenizer = model, tokenizer or model
         self.max_model_len = max_model_len
         self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self.closing = False
         self.workers = [Worker(self, i) for i in range(workers)]
 
     @property
@@ -238,8 +176,15 @@ class TokenizerPool:
     async def decode(self, ids: list[int]) -> str:
         return await self._run("decode", ids)
 
-    def shutdown(self) -> None:
+    def shutdown(self, grace: float = 2.0) -> None:
+        """Stop the workers: those busy after `grace` seconds (a long template) are killed, their jobs failed."""
+        self.closing = True
         for _ in self.workers:
             self.jobs.put(None)
+        deadline = time.monotonic() + grace
         for w in self.workers:
-            w.thread.join(30)
+            w.thread.join(max(0.0, deadline - time.monotonic()))
+        for w in self.workers:
+            if w.thread.is_alive() and (process := w.process) is not None:
+                process.kill()
+            w.thread.join(10)
