@@ -79,3 +79,34 @@ def test_fuzzed_requests_never_break_the_server(server, path):
     r = server.http.post("/v1/completions", json=dict(model=NAME, prompt="hi", max_tokens=1))
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1
     idle(server.url)  # no request and no KV block left in the core
+
+
+def nested(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/completions", dict(prompt="hi", structured_outputs={"json": "[" * 100_000 + "]" * 100_000})),
+        ("/v1/completions", dict(prompt="hi", structured_outputs={"json": "[" * 900 + "]" * 900})),
+        (
+            "/v1/completions",
+            dict(prompt="hi", response_format={"type": "json_schema", "json_schema": {"schema": nested(300)}}),
+        ),
+        ("/v1/completions", dict(prompt="hi", structured_outputs={"json": nested(300)})),
+        ("/v1/chat/completions", dict(messages=[{"role": "user", "content": "x"}], chat_template_kwargs=nested(300))),
+        ("/v1/completions", dict(prompt="hi", structured_outputs={"regex": "(" * 100_000 + "a" + ")" * 100_000})),
+        (
+            "/v1/completions",
+            dict(prompt="hi", structured_outputs={"grammar": "root ::= " + "(" * 100_000 + '"a"' + ")" * 100_000}),
+        ),
+    ],
+)
+def test_deeply_nested_fields_are_no_5xx(server, path, body):
+    send(server, path, dict(model=NAME, max_tokens=2, **body))
+    r = server.http.post("/v1/completions", json=dict(model=NAME, prompt="hi", max_tokens=1))
+    assert r.status_code == 200

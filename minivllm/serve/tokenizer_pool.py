@@ -16,6 +16,7 @@ import asyncio
 import logging
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import threading
 import time
@@ -84,13 +85,21 @@ class Worker:
                 if self.broken:
                     _settle(job, ("error", WorkerDiedError("no tokenizer worker could be started")))
                     continue
-            _settle(job, self.call(job))
+            try:
+                _settle(job, self.call(job))
+            except Exception as e:  # this thread must outlive any job: else the pool loses a worker for good
+                logger.exception("tokenizer worker %d: a %s job failed", self.index, job.name)
+                _settle(job, ("error", RuntimeError(f"{type(e).__name__}: {e}")))
         self.stop_process()
 
     def call(self, job: Job) -> tuple[str, object]:
+        try:
+            message = pickle.dumps((job.name, job.args))
+        except (RecursionError, pickle.PicklingError) as e:  # (a field nested thousands deep)
+            return "error", ValueError(f"the request cannot be tokenised: {type(e).__name__}: {e}")
         self.holding = job
         try:
-            self.conn.send((job.name, job.args))
+            self.conn.send_bytes(message)
             if self.conn in wait([self.conn, self.process.sentinel]):
                 return self.conn.recv()
         except (EOFError, OSError):

@@ -71,6 +71,9 @@ def serve_jobs(conn, model: str, tokenizer: str, parent: int) -> None:
             job = conn.recv()
         except EOFError:  # the server is gone
             return
+        except RecursionError as e:  # a job nested too deeply to unpickle: the request's fault
+            conn.send(("error", ValueError(f"the request cannot be tokenised: {e}")))
+            continue
         if job is None:
             return
         name, args = job
