@@ -4,8 +4,8 @@ its tokenizer."""
 import json
 import os
 
-# AutoTokenizer's modules are imported with the engine, not at its first tokenizer: imported there, they measured
-# ~5 s more in the engine's start on the H200 (the FlashAttention-4 import then loaded what this one had before it)
+# AutoTokenizer's modules are imported with the engine, not at its first tokenizer: imported after FlashAttention-4's
+# they cost ~5 s more of the engine's start on a GPU (benchmarks/HISTORY.md)
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
 # what the engine reads from a checkpoint's config.json (the model's shape, its norm, activation and RoPE)

@@ -1,13 +1,26 @@
-"""Engine configuration (nano-vllm's config.py): one dataclass, checked on construction (engine_args.py)."""
+"""Engine configuration (nano-vllm's config.py): one dataclass of the engine's arguments, checked on construction,
+each error naming the argument. `Config.from_engine_args` also takes vLLM's names for them (`block_size`) and accepts
+those that do nothing here with a warning that says why, as vLLM does for options that do not apply."""
 
+import logging
+import os
 from dataclasses import dataclass, field, fields
 
 import torch
 from transformers import PretrainedConfig
 
 from minivllm.checkpoint import load_hf_config
-from minivllm.frontend.engine_args import check_config, check_model_fits, vllm_engine_args
 from minivllm.kernels import KernelOptions
+
+logger = logging.getLogger("minivllm")
+
+RENAMED = {"block_size": "kvcache_block_size"}  # vLLM's name -> ours
+IGNORED = {  # vLLM's arguments that have no effect here -> why
+    "swap_space": "preempted sequences are recomputed, never swapped to CPU memory",
+    "disable_log_stats": "the offline engine logs no statistics",
+    "trust_remote_code": "only minivllm's built-in architectures load; no checkpoint code is run",
+}
+POSITIVE = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "kvcache_block_size", "tensor_parallel_size")
 
 
 @dataclass(slots=True)
@@ -32,14 +45,38 @@ class Config:
     hf_config: PretrainedConfig | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        check_config(self)
+        self.check()
         self.kernels = KernelOptions.of(self.kernels)
         if self.device == "auto":
             gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
             self.device = "cuda" if gpus >= self.tensor_parallel_size else "cpu"
         self.hf_config = self.hf_config or load_hf_config(self.model)
         self.max_model_len = min(self.max_model_len, self.hf_config.max_position_embeddings)
-        check_model_fits(self)
+        for name in ("num_attention_heads", "num_key_value_heads"):  # heads are sharded over the TP ranks
+            n = getattr(self.hf_config, name, None) or self.hf_config.num_attention_heads
+            if n % self.tensor_parallel_size:
+                raise ValueError(f"tensor parallel size {self.tensor_parallel_size} does not divide {name} {n}")
+
+    def check(self) -> None:
+        """Raise naming the first bad value (before anything is loaded or spawned)."""
+        if not os.path.isdir(self.model):
+            raise FileNotFoundError(f"model directory {self.model!r} does not exist")
+        if not os.path.isfile(os.path.join(self.model, "config.json")):
+            raise FileNotFoundError(f"{self.model!r} has no config.json (expected a Hugging Face checkpoint directory)")
+        if self.tokenizer is not None and not os.path.isdir(self.tokenizer):
+            raise FileNotFoundError(f"tokenizer directory {self.tokenizer!r} does not exist")
+        for name in POSITIVE:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but no CUDA device is available")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
 
     def torch_dtype(self) -> torch.dtype:
         """The dtype the model runs in: `dtype`, or for "auto" the checkpoint's dtype on a GPU, float32 on CPU."""
@@ -52,9 +89,19 @@ class Config:
 
     @classmethod
     def from_engine_args(cls, model: str, **kwargs) -> "Config":
-        kwargs = vllm_engine_args(kwargs)
+        """A Config from `LLM(model, **kwargs)`: vLLM's names renamed, the arguments that do nothing dropped."""
+        args = {}
+        for name, value in kwargs.items():
+            if name in IGNORED:
+                logger.warning("%s=%r has no effect in minivllm: %s", name, value, IGNORED[name])
+            elif name in RENAMED:
+                if RENAMED[name] in kwargs:
+                    raise TypeError(f"give {name} or {RENAMED[name]}, not both")
+                args[RENAMED[name]] = value
+            else:
+                args[name] = value
         names = {f.name for f in fields(cls)} - {"model", "hf_config"}
-        unknown = sorted(set(kwargs) - names)
+        unknown = sorted(set(args) - names)
         if unknown:
             raise TypeError(f"unknown engine argument(s) {unknown}; valid ones are {sorted(names)}")
-        return cls(model, **kwargs)
+        return cls(model, **args)

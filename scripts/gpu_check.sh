@@ -34,7 +34,7 @@
 # the parts on the CPU anyway, as a dry run of the script itself.
 # Environment it sets: MINIVLLM_REQUIRE_FA4=1 (a GPU on which FlashAttention-4 cannot run fails the tests and the
 # notebooks' GPU cells instead of letting them pass on another backend; see tests/helpers/gpu.py),
-# NCCL_NVLS_ENABLE=0 (no NVLink multicast), TOKENIZERS_PARALLELISM=false, PYTHONPATH=<repo>. Needs, besides the
+# NCCL_NVLS_ENABLE=0 (no NVLink multicast), TOKENIZERS_PARALLELISM=false, PYTHONPATH=<repo>:<repo>/tests. Needs, besides the
 # project: FlashAttention-4 (`flash_attn.cute`), nbval and a Jupyter kernel (the notebooks), xxhash, xgrammar (notebook
 # 17), and for `serve` fastapi and uvicorn (dependencies) with httpx and openai (the dev extras). benchmarks/README.md
 # says what each benchmark measures.
@@ -51,7 +51,7 @@ while [ $# -gt 0 ]; do
 done
 [ ${#parts[@]} -gt 0 ] || { sed -n '2,40p' "$0"; exit 2; }
 mkdir -p "$out/results"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} MINIVLLM_REQUIRE_FA4=1 NCCL_NVLS_ENABLE=0 TOKENIZERS_PARALLELISM=false
+export PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH} MINIVLLM_REQUIRE_FA4=1 NCCL_NVLS_ENABLE=0 TOKENIZERS_PARALLELISM=false
 gpus=$(python3 -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)" 2>/dev/null || echo 0)
 if [ "$gpus" = 0 ] && [ "${GPU_CHECK_ALLOW_CPU:-0}" != 1 ]; then  # a GPU check without a GPU would pass by skipping
   echo "no CUDA GPU here: nothing to check (GPU_CHECK_ALLOW_CPU=1 runs the parts on the CPU, as a dry run of the script)"
@@ -62,7 +62,7 @@ if [ "${parts[*]}" = all ]; then
   [ "$gpus" -ge 2 ] && parts+=(tp bench-tp2)
 fi
 
-PYTHONPATH=tests python3 - <<'EOF' 2>&1 | tee "$out/versions.txt"
+python3 - <<'EOF' 2>&1 | tee "$out/versions.txt"
 import torch, triton, transformers
 from helpers.gpu import why_no_fa4
 from helpers.benchmark import versions

@@ -29,11 +29,8 @@ def allocate_zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.de
     is an anonymous mapping of its own: the OS hands out zero pages as they are first touched, so a 1 GiB
     budget costs nothing until used (torch.zeros would write every byte up front: ~0.5 s per GiB), and the
     mapping asks for small pages. A decode step writes one row (Hkv x D values) per sequence and layer; with
-    numpy's calloc, which this was before and which madvises large blocks for transparent huge pages, the
-    first row written in a 2 MiB stretch had the whole 2 MiB zeroed (on this VM also backed by the host
-    first): 46 huge pages (92 MB) per bf16 `bench.py --cpu` run where its rows fill ~40 MB of 4 KiB pages.
-    Measured, alternated in one process (medians): the KV store in the profiler 233 -> 116 ms in bf16 (3 runs
-    each); the engine's 16 x 64 tokens 1.88 -> 1.83 s in bf16 and 2.71 -> 2.56 s in fp32 (6 runs each)."""
+    transparent huge pages the first row written in a 2 MiB stretch has the whole 2 MiB zeroed, so small pages
+    halve the KV store's time in `bench.py --cpu` (benchmarks/HISTORY.md)."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     memory = mmap.mmap(-1, math.prod(shape) * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

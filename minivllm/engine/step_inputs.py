@@ -76,7 +76,7 @@ def prepare_prefill(seqs: list[Sequence], block_size: int, *, keys_from_cache: b
     cached = keys_from_cache or bool((starts > 0).any())  # attention reads the keys by block table
     rows = np.repeat([s.sample_row for s in seqs], ends - starts)
     # the scheduler puts decoding sequences first: their one query each attends like a decode step, in one batched
-    # decode call (on CPU instead of a Python loop per sequence: -7% on a chunked workload; on the H200 about even,
+    # decode call (on CPU instead of a Python loop per sequence: -7% on a chunked workload; on a GPU about even,
     # the rows' KV reads cost the same in either kernel)
     one = ends - starts == 1
     num_decode_rows = int(one.argmin()) if not one.all() else len(seqs)

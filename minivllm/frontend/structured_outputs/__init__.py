@@ -24,7 +24,7 @@ on the logits before the draw. With one GPU the decode graph still replays whole
 then the eager path computes the LM head again for the logits it masks. Capturing the mask inside the graph would
 spare that second LM head and draw, not the wait: the host must fill the mask between two steps either way.
 `bench.py --structured json` measures what it costs (the same workload with a JSON schema on every request,
-beside the unconstrained one): on an H200, 0.18x the unconstrained throughput (benchmarks/RESULTS.md), the steps
+beside the unconstrained one): 0.18x the unconstrained throughput (benchmarks/RESULTS.md), the steps
 then waiting on the host's matchers for all 256 rows. Rows without a grammar in the same batch are not masked."""
 
 from minivllm.frontend.structured_outputs.params import StructuredOutputsParams

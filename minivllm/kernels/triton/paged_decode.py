@@ -136,14 +136,14 @@ def combine_splits_kernel(
 
 MAX_SPLITS = 16
 # Programs side by side read the KV heads of the same tokens (grid (Hkv, B, splits)): 1-1.5% faster than one head
-# of many sequences at batch 96-256 on the H200 (benchmarks/sweep_paged_decode.py --grid)
+# of many sequences at batch 96-256 (benchmarks/sweep_paged_decode.py --grid)
 HEADS_FASTEST = True
 
 
 def num_splits(batch: int, num_kv_heads: int, max_splits: int = MAX_SPLITS) -> int:
     """How many parts each sequence's context is cut into; a function of the batch only, so a CUDA graph captured
-    for a batch size keeps it whatever the context lengths. Measured on the H200 with all 28 layers' calls in one
-    CUDA graph (benchmarks/sweep_paged_decode.py --grid --graph):
+    for a batch size keeps it whatever the context lengths. From all 28 layers' calls in one CUDA graph
+    (benchmarks/sweep_paged_decode.py --grid --graph):
     - up to 768 (sequence, KV head) pairs (batch 96 at 8 KV heads), at least 4: even where the programs fill the
       GPU, the contexts of a batch differ by up to 4x and the longest unsplit sequences set the kernel's time
       (batch 64: 96.6 us unsplit, 88.9 in 4 parts); under 96 pairs more, for ~3 programs per SM (132 SMs);
@@ -153,7 +153,7 @@ def num_splits(batch: int, num_kv_heads: int, max_splits: int = MAX_SPLITS) -> i
 
 
 def tile_config(dtype: torch.dtype, head_dim: int) -> tuple[int, int]:
-    """(BLOCK_N keys per tile, pipeline stages). Swept on the H200 at the benchmark's batches and context mixes
+    """(BLOCK_N keys per tile, pipeline stages). Swept at the benchmark's batches and context mixes
     (benchmarks/sweep_paged_decode.py): 128 keys and 4 stages beat 64 and 3 by 4-6% at
     batch 128-256 and by a third at batch 16 (bf16, head_dim 128). Wider rows (fp32) keep 64 and 3, which fit
     shared memory."""

@@ -9,9 +9,9 @@ launched with PDL may start while the kernel before it still runs. The protocol 
 2. `launch_dependents()` once the main loop is done: the next kernel's programs may now be placed on the
    SMs our programs leave, and get through their launch while our last programs store their results.
 Kernels that are not ours (cuBLAS, inductor's, NCCL's) launch as usual and wait for everything before them.
-Measured on the H200: with the attention prologue, the paged decode and its
-combine kernel launched this way a decode step is ~10-30 us faster. Triggering at the start of each kernel
-instead let whole chains of kernels launch ahead and wait on the SMs, and made small batches slower.
+With the attention prologue, the paged decode and its combine kernel launched this way a decode step is
+~10-30 us faster (benchmarks/HISTORY.md). The trigger comes after the main loop, not at the kernel's start, which
+would let whole chains of kernels launch ahead and wait on the SMs.
 
 On CPU (the Triton interpreter) and before Hopper the PDL branches are compiled out (PDL=False); the engine's
 `pdl` kernel option (minivllm/kernels) turns it off for its kernels."""

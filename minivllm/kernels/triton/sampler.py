@@ -122,7 +122,7 @@ def inverse_cdf_sample(
     assert logits.stride(1) == 1 and temperatures.shape == (B,) and seed.numel() == 1
     out = out if out is not None else torch.empty(B, dtype=torch.int64, device=logits.device)
     nt = triton.cdiv(V, tile)
-    if tiles_per_program is None:  # ~per_sm programs per SM of an H200 (132 SMs)
+    if tiles_per_program is None:  # ~per_sm programs per SM of a 132-SM GPU
         tiles_per_program = triton.cdiv(nt, max(1, min(nt, triton.cdiv(132 * per_sm, B))))
     groups = triton.cdiv(nt, tiles_per_program)
     maxima = torch.empty(B, nt, dtype=torch.float32, device=logits.device)
