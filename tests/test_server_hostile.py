@@ -20,7 +20,6 @@ from minivllm.frontend.sampling_checks import MAX_N
 from minivllm.serve.async_llm import AsyncLLM
 from minivllm.serve.openai_server import ServerThread
 from minivllm.serve.server_options import ServerOptions
-from minivllm.utils.dist import free_port
 
 ARGS = dict(kvcache_block_size=16, max_model_len=256, max_num_seqs=16, max_num_batched_tokens=256)
 NAME = "tiny"
@@ -167,14 +166,6 @@ def test_api_key_and_cors(llm):
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://good.example"
 
 
-def test_api_key_from_the_environment(monkeypatch):
-    monkeypatch.setenv("VLLM_API_KEY", "envkey")
-    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
-    options = ServerOptions.from_env()
-    assert options.api_keys == ["envkey"] and options.dev_mode
-    assert ServerOptions.from_env(api_keys=["flag"]).api_keys == ["flag"]  # the flag wins, as vLLM's
-
-
 def test_a_request_the_engine_fails_fails_alone(server, llm, monkeypatch):
     poison_generator_of(monkeypatch)
     bad = dict(model=NAME, prompt=[5, 6, 7], max_tokens=5, seed=POISON, temperature=1.0)
@@ -245,31 +236,3 @@ def test_a_pool_whose_workers_cannot_start_says_so(tmp_path):
             asyncio.run(asyncio.wait_for(pool.encode("hi"), 60))
     finally:
         pool.shutdown()
-
-
-def test_serve_flags_reach_the_server_options(tiny_qwen3, monkeypatch, capsys):
-    from minivllm.serve import cli, openai_server
-
-    seen = {}
-    monkeypatch.setattr(openai_server, "run_server", lambda model, **kw: seen.update(kw))
-    monkeypatch.delenv("VLLM_API_KEY", raising=False)
-    monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
-    flags = ["--api-key", "k1", "k2", "--allowed-origins", '["http://a.example"]', "--allowed-methods", '["POST"]']
-    flags += ["--allowed-headers", '["Authorization"]', "--allow-credentials", "--trust-request-chat-template"]
-    assert cli.serve_main(["--model", tiny_qwen3, "--port", str(free_port()), *flags]) == 0
-    assert seen["options"] == ServerOptions(
-        api_keys=["k1", "k2"],
-        allowed_origins=["http://a.example"],
-        allowed_methods=["POST"],
-        allowed_headers=["Authorization"],
-        allow_credentials=True,
-        trust_request_chat_template=True,
-        dev_mode=True,
-    )
-    monkeypatch.setenv("VLLM_API_KEY", "from-env")
-    monkeypatch.delenv("VLLM_SERVER_DEV_MODE")
-    assert cli.serve_main(["--model", tiny_qwen3, "--port", str(free_port())]) == 0
-    assert seen["options"] == ServerOptions(api_keys=["from-env"])  # vLLM's defaults: CORS open, no trust, no dev
-    with pytest.raises(SystemExit):
-        cli.parse_serve_args(["--allowed-origins", "*"])
-    assert "expected a JSON list of strings" in capsys.readouterr().err

@@ -168,8 +168,7 @@ class LLMEngine:
             progressed = True
         self.in_flight = launched
         failed, self.failed = self.failed, []
-        stuck = not (progressed or failed or self.structured_outputs.pending)
-        if launched is None and stuck and self.requests:
+        if launched is None and self.requests and not (progressed or failed or self.structured_outputs.pending):
             raise RuntimeError("scheduler produced an empty step while requests are pending")
         return outputs + failed
 
@@ -196,11 +195,8 @@ class LLMEngine:
 
     def _without_culprits(self, seqs: list[Sequence], is_prefill: bool, error: Exception) -> list[Sequence]:
         """A step failed to launch: fail the requests whose own inputs fail, return the sequences left (or re-raise)."""
-        runner = self.model_runner
-        prepare = runner.prepare_prefill if is_prefill else runner.prepare_decode
-        culprits = failing_requests(
-            seqs, prepare, runner.buffers, device=runner.device, eos=self.eos, vocab=self.vocab_size
-        )
+        r, kw = self.model_runner, dict(device=self.model_runner.device, eos=self.eos, vocab=self.vocab_size)
+        culprits = failing_requests(seqs, r.prepare_prefill if is_prefill else r.prepare_decode, r.buffers, **kw)
         if not culprits or self.workers is not None:  # (TP workers may have started the step: none can be left out)
             raise error
         for rid, e in culprits.items():
