@@ -75,6 +75,7 @@ BIG = [2**63, 2**64, 10**30]
         ("completions", dict(prompt="hi", n=10**6), f"n must be an integer >= 1 and <= {MAX_N}", "n"),
         ("completions", dict(prompt="hi", n=MAX_N + 1), f"<= {MAX_N}", "n"),
         ("completions", dict(prompt="hi", n=2, seed=2**63 - 1), "within int64", "seed"),
+        ("completions", dict(prompt=[[5]] * 3, n=MAX_N // 2), f"3 prompts x n {MAX_N // 2}", "prompt"),
         *[("completions", dict(prompt="hi", max_tokens=b), "max_tokens", "max_tokens") for b in BIG],
         *[("completions", dict(prompt="hi", min_tokens=b), "min_tokens", "min_tokens") for b in BIG],
         *[("completions", dict(prompt="hi", logprobs=b), "logprobs must be", "logprobs") for b in BIG],

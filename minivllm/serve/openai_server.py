@@ -28,6 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from minivllm.frontend.inputs import is_token_ids
+from minivllm.frontend.sampling_checks import MAX_N
 from minivllm.serve.async_llm import AsyncLLM, EngineDeadError
 from minivllm.serve.http_errors import add_error_handlers, error_response
 from minivllm.serve.launcher import Server
@@ -122,6 +123,8 @@ def build_app(
             if not prompts:
                 raise BadRequest("prompt must not be empty", "prompt")
             sp = body.sampling_params(body.max_tokens, body.logprobs)
+            if len(prompts) * sp.n > MAX_N:  # n's bound holds for the sequences of the whole request
+                raise BadRequest(f"{len(prompts)} prompts x n {sp.n} sequences exceed {MAX_N} in one request", "prompt")
             rid = f"cmpl-{uuid.uuid4().hex}"
             ids = [await tokens.encode(p) if isinstance(p, str) else p for p in prompts]  # off the event loop
             streams = [generate(p, sp, f"{rid}-{i}", bool(body.stream)) for i, p in enumerate(ids)]
