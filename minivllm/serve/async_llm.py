@@ -120,7 +120,8 @@ class AsyncLLM:
         """The scheduler's gauges (read from another thread: a moment's snapshot)."""
         s = self.engine.scheduler
         free, total = s.block_manager.num_free_blocks, max(1, len(s.block_manager.blocks))
-        return SchedulerStats(len(s.running) + len(s.finishing), len(s.waiting), 1 - free / total, s.num_preemptions)
+        waiting = len(s.waiting) + len(self.engine.structured_outputs.pending)  # (grammars compiling: waiting too)
+        return SchedulerStats(len(s.running) + len(s.finishing), waiting, 1 - free / total, s.num_preemptions)
 
     # --- the engine thread ----------------------------------------------------------------------------------
 

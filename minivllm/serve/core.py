@@ -93,7 +93,8 @@ class EngineCore:
         s = self.engine.scheduler
         bm = s.block_manager
         usage = 1.0 - bm.num_free_blocks / max(1, len(bm.blocks))
-        return m.SchedulerStats(len(s.running) + len(s.finishing), len(s.waiting), usage, s.num_preemptions)
+        waiting = len(s.waiting) + len(self.engine.structured_outputs.pending)  # (grammars compiling: waiting too)
+        return m.SchedulerStats(len(s.running) + len(s.finishing), waiting, usage, s.num_preemptions)
 
     def reset_prefix_cache(self) -> bool:
         return self.engine.reset_prefix_cache()

@@ -80,8 +80,12 @@ class Worker:
         while (job := self.pool.jobs.get()) is not None:
             if job.future.cancelled():
                 continue
-            if self.broken:  # try again for this job; fail it if the worker still cannot start
-                self.restart()
+            if not self.broken and not self.process.is_alive():  # it died while idle: the job to another, then
+                self.pool.jobs.put(job)  # start a new process (seconds)
+                self.replace()
+                continue
+            if self.broken:  # it could not start: try again, fail the job if it still cannot
+                self.replace()
                 if self.broken:
                     _settle(job, ("error", WorkerDiedError("no tokenizer worker could be started")))
                     continue
@@ -90,7 +94,13 @@ class Worker:
             except Exception as e:  # this thread must outlive any job: else the pool loses a worker for good
                 logger.exception("tokenizer worker %d: a %s job failed", self.index, job.name)
                 _settle(job, ("error", RuntimeError(f"{type(e).__name__}: {e}")))
+            if not self.process.is_alive() and not self.pool.closing:  # it died on that job, whose error is out
+                self.replace()
         self.stop_process()
+
+    def replace(self) -> None:
+        self.restarts += 0 if self.broken else 1
+        self.restart()
 
     def call(self, job: Job) -> tuple[str, object]:
         try:
@@ -111,8 +121,6 @@ class Worker:
         if self.pool.closing:  # shutdown() stopped it
             return "error", WorkerDiedError("the server is shutting down")
         logger.error("tokenizer worker %d died (exit code %s) on a %s job: replacing it", self.index, code, job.name)
-        self.restarts += 1
-        self.restart()
         return "error", WorkerDiedError(f"the tokenizer worker died on this request (exit code {code})")
 
     def stop_process(self, timeout: float = 5.0) -> None:
