@@ -14,6 +14,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.frontend.sampling_checks import MAX_N
 from minivllm.frontend.structured_outputs import StructuredOutputsParams
 from minivllm.frontend.structured_outputs.grammar import GrammarCompiler
+from minivllm.serve.core import EngineCore
 
 ARGS = dict(kvcache_block_size=16, max_model_len=256, max_num_seqs=8, num_kvcache_blocks=32, enforce_eager=True)
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
@@ -119,6 +120,7 @@ def test_a_grammar_compiles_off_the_step_loop(llm, monkeypatch):
     running = llm.requests["running"].seqs[0]
     choice = StructuredOutputsParams(choice=["yes", "no"])
     llm.add_request("grammar", {"prompt_token_ids": PROMPTS[1]}, SamplingParams(structured_outputs=choice))
+    assert EngineCore(llm).stats().num_waiting == 1  # the server's gauges count it as waiting (vLLM's)
     steps, tokens_before, outputs = [], running.num_completion_tokens, {}
     while llm.structured_outputs.pending:
         t = time.perf_counter()
