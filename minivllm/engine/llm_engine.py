@@ -96,6 +96,7 @@ class LLMEngine:
         if getattr(self, "model_runner", None) is None:
             return
         atexit.unregister(self._atexit)
+        self.structured_outputs.shutdown()  # grammars still compiling are dropped
         if self.workers is not None:
             self.workers.exit()
             self.workers = None
