@@ -15,7 +15,11 @@ the step in flight instead when the next step needs its tokens on the host:
   the overlap.
 
 Aborting frees a request's blocks at once (scheduler.py: `finish`), also while a step that computes it is
-in flight: that step's token for it is discarded when it arrives."""
+in flight: that step's token for it is discarded when it arrives.
+
+A request fails alone: one with a grammar waits out of the scheduler while a thread compiles it (the other steps
+go on); a step that fails to launch is launched without the requests whose own inputs fail (each ends with
+finish_reason "error", the message in stop_reason). Only an error no request alone causes stops the engine."""
 
 import atexit
 import time
@@ -32,6 +36,7 @@ from minivllm.frontend import prompt_logprobs
 from minivllm.frontend.outputs import RequestOutput
 from minivllm.frontend.processor import Processor, eos_token_ids
 from minivllm.frontend.requests import FINAL_ONLY, Request
+from minivllm.frontend.sampling_inputs import failing_requests
 from minivllm.frontend.structured_outputs.manager import StructuredOutputs
 from minivllm.sampling_params import SamplingParams
 from minivllm.utils.dist import free_port
@@ -80,6 +85,7 @@ class LLMEngine:
         self.vocab_size = config.hf_config.vocab_size
         self.requests: dict[str, Request] = {}  # unfinished, by id
         self.in_flight: Launched | None = None
+        self.failed: list[RequestOutput] = []  # outputs of requests that failed, for the next step() to return
         self.overlap = config.tensor_parallel_size == 1  # TP workers need each step's tokens on the host
         self.step_log: list[StepRecord] = []
         this = weakref.ref(self)  # at exit, stop the workers of an engine still alive
@@ -90,6 +96,7 @@ class LLMEngine:
         if getattr(self, "model_runner", None) is None:
             return
         atexit.unregister(self._atexit)
+        self.structured_outputs.shutdown()  # grammars still compiling are dropped
         if self.workers is not None:
             self.workers.exit()
             self.workers = None
@@ -110,8 +117,12 @@ class LLMEngine:
         request = prompt if isinstance(prompt, Request) else self.processor.process(request_id, prompt, params)
         if request.request_id in self.requests:
             raise ValueError(f"request id {request.request_id!r} is already in use")
-        self.structured_outputs.attach(request.seqs)  # a matcher per sequence (ValueError: an invalid grammar)
         self.requests[request.request_id] = request
+        if not self.structured_outputs.submit(request):  # a grammar compiles off the step loop; the request waits
+            self._schedule(request)
+
+    def _schedule(self, request: Request) -> None:
+        """Hand a request's sequences to the scheduler (those that must wait for the first one's prompt wait)."""
         share = self.config.enable_prefix_caching and len(request.prompt_token_ids) > self.config.kvcache_block_size
         for seq in request.start(self.tokenizer, share_prompt=share and request.params.prompt_logprobs is None):
             self.scheduler.add(seq)
@@ -144,6 +155,10 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Launch the next step, then read back the one in flight (the module docstring says why in this
         order). Returns the outputs of the requests that got new tokens (per their output_kind)."""
+        idle = self.in_flight is None and self.scheduler.is_finished()  # only grammars compiling: wait a little
+        for request, error in self.structured_outputs.ready(wait=0.05 if idle else 0.0):
+            if request.request_id in self.requests:  # (not aborted meanwhile)
+                self._fail(request, f"its grammar failed to compile: {error}") if error else self._schedule(request)
         outputs, progressed = [], False
         if self.in_flight is not None and (not self.overlap or self.in_flight.needs_history):
             in_flight, self.in_flight = self.in_flight, None  # the next launch needs its tokens
@@ -153,9 +168,10 @@ class LLMEngine:
             outputs += self._finish(self.in_flight)
             progressed = True
         self.in_flight = launched
-        if launched is None and not progressed and self.requests:
+        failed, self.failed = self.failed, []
+        if launched is None and self.requests and not (progressed or failed or self.structured_outputs.pending):
             raise RuntimeError("scheduler produced an empty step while requests are pending")
-        return outputs
+        return outputs + failed
 
     def _launch(self) -> Launched | None:
         """Schedule one step and launch it without waiting. None when nothing can be scheduled now."""
@@ -166,11 +182,37 @@ class LLMEngine:
         is_prefill = any(s.num_scheduled_tokens != 1 or s.num_computed_tokens != s.num_tokens - 1 for s in seqs)
         record = StepRecord(is_prefill, len(seqs), sum(s.num_scheduled_tokens for s in seqs), 0.0, 0.0, 0.0)
         t1 = time.perf_counter()
-        handle = self.model_runner.launch(seqs, is_prefill)
+        try:
+            handle = self.model_runner.launch(seqs, is_prefill)
+        except Exception as e:
+            seqs = self._without_culprits(seqs, is_prefill, e)  # re-raises when no request alone is at fault
+            if not seqs:
+                return None
+            handle = self.model_runner.launch(seqs, is_prefill)
         sampled = self.scheduler.on_launch(seqs)
         record.schedule, record.run = t1 - t0, time.perf_counter() - t1
         needs_history = any(s.sampling_params.needs_history or s.sampling_params.structured_outputs for s in seqs)
         return Launched(seqs, sampled, handle, record, needs_history)
+
+    def _without_culprits(self, seqs: list[Sequence], is_prefill: bool, error: Exception) -> list[Sequence]:
+        """A step failed to launch: fail the requests whose own inputs fail, return the sequences left (or re-raise)."""
+        r, kw = self.model_runner, dict(device=self.model_runner.device, eos=self.eos, vocab=self.vocab_size)
+        culprits = failing_requests(seqs, r.prepare_prefill if is_prefill else r.prepare_decode, r.buffers, **kw)
+        if not culprits or self.workers is not None:  # (TP workers may have started the step: none can be left out)
+            raise error
+        for rid, e in culprits.items():
+            self._fail(self.requests[rid], f"preparing its step failed: {type(e).__name__}: {e}")
+        return [s for s in seqs if not s.is_finished]
+
+    def _fail(self, request: Request, message: str) -> None:
+        """End a request on its own error: sequences finish with "error", blocks freed, its output in step()'s."""
+        del self.requests[request.request_id]
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "error")
+                seq.stop_reason = message
+        request.deferred = []
+        self.failed.append(request.output(request.seqs, self.tokenizer))
 
     def _finish(self, launched: Launched) -> list[RequestOutput]:
         """Wait for a launched step's tokens, account them, and make the outputs (requests.py)."""

@@ -12,9 +12,11 @@ The core does no text work at a request's every step: requests run as FINAL_ONLY
 front end detokenises and finds stop strings, and aborts the request that hit one); each step's new tokens
 are read from the sequences, known ones only (the newest may be a placeholder of the step in flight).
 The core exits when asked (Shutdown), on SIGTERM, or when the API server that started it is gone; on the
-way out it stops the engine and its tensor-parallel workers."""
+way out it stops the engine and its tensor-parallel workers, and, when the API server is gone, removes the
+directory of their IPC sockets (which the API server removes otherwise)."""
 
 import os
+import shutil
 import signal
 from dataclasses import replace
 
@@ -72,6 +74,7 @@ class EngineCore:
             c, sent = output.outputs[0], self.sent.pop(rid, 0)
             lps = c.logprobs[sent:] if c.logprobs is not None else None
             step = m.RequestStep(rid, c.token_ids[sent:], _logprobs(lps), c.finish_reason, c.stop_reason)
+            step.error_status = 500  # (read only when it failed: finish_reason "error")
             step.prompt_logprobs = self._prompt_logprobs(rid, output)
             self.scoring.discard(rid)
             steps.append(step)
@@ -90,7 +93,8 @@ class EngineCore:
         s = self.engine.scheduler
         bm = s.block_manager
         usage = 1.0 - bm.num_free_blocks / max(1, len(bm.blocks))
-        return m.SchedulerStats(len(s.running) + len(s.finishing), len(s.waiting), usage, s.num_preemptions)
+        waiting = len(s.waiting) + len(self.engine.structured_outputs.pending)  # (grammars compiling: waiting too)
+        return m.SchedulerStats(len(s.running) + len(s.finishing), waiting, usage, s.num_preemptions)
 
     def reset_prefix_cache(self) -> bool:
         return self.engine.reset_prefix_cache()
@@ -136,8 +140,10 @@ def run_engine_core(model: str, engine_args: dict, input_address: str, output_ad
     finally:
         engine.exit()
         inp.close(linger=0)
-        out.close(linger=2000)
+        out.close(linger=0 if os.getppid() != parent_pid else 2000)
         ctx.term()
+        if os.getppid() != parent_pid:  # the API server died (killed): nobody else removes the sockets' directory
+            shutil.rmtree(os.path.dirname(input_address.removeprefix("ipc://")), ignore_errors=True)
 
 
 def loop(core: EngineCore, inp: zmq.Socket, out: zmq.Socket, enc, dec, parent_pid: int) -> None:

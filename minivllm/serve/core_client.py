@@ -27,13 +27,7 @@ import zmq
 from transformers import AutoConfig
 
 from minivllm.checkpoint import load_tokenizer
-from minivllm.frontend.output_processor import (
-    RequestOutputCollector,
-    RequestState,
-    make_state,
-    request_output,
-    update,
-)
+from minivllm.frontend.output_processor import RequestOutputCollector, RequestState, make_state, request_output, update
 from minivllm.frontend.outputs import RequestOutput
 from minivllm.frontend.processor import Processor
 from minivllm.sampling_params import SamplingParams
@@ -93,15 +87,19 @@ class AsyncMPClient:
     async def _stream(self, request_id: str, text, ids: list[int], params: SamplingParams):
         queue = RequestOutputCollector(params.output_kind)  # merges DELTA outputs a slow consumer has not taken
         state = make_state(request_id, text, ids, params, self.tokenizer, asyncio.get_running_loop(), queue)
+        try:
+            adds = [m.AddRequest.make(cid, ids, child.sampling_params) for cid, child in state.children.items()]
+        except RecursionError:  # e.g. a JSON schema nested hundreds deep: pickle cannot carry it
+            raise ValueError("structured_outputs: nested too deeply to send to the engine") from None
         with self.lock:
             if request_id in self.requests:
                 raise ValueError(f"request id {request_id!r} is already in use")
             if self.closed:
                 raise EngineDeadError(f"the engine is not running: {self.error!r}")
             self.requests[request_id] = state
-            for cid, child in state.children.items():
+            for cid, add in zip(state.children, adds):
                 self.children[cid] = state
-                self.core.send(m.AddRequest.make(cid, ids, child.sampling_params))
+                self.core.send(add)
         async with aclosing(queue.outputs(abort=lambda: self.abort(request_id))) as outputs:  # aborts at once
             async for output in outputs:
                 yield output
@@ -185,12 +183,13 @@ class AsyncMPClient:
                 state = self.children.get(step.request_id)
                 if state is None:  # aborted meanwhile
                     continue
-                if step.finish_reason == "error":  # the core refused it: the request fails, its other children stop
+                if step.finish_reason == "error":  # refused or failed: the request fails, its other children stop
                     self.requests.pop(state.request_id, None)
                     for cid in state.children:
                         if self.children.pop(cid, None) is not None and cid != step.request_id:
                             stopped.append(cid)
-                    by_loop.setdefault(state.loop, []).append((state.queue, ValueError(step.stop_reason)))
+                    error = ValueError if step.error_status == 400 else m.RequestFailedError  # refused / failed
+                    by_loop.setdefault(state.loop, []).append((state.queue, error(step.stop_reason)))
                     continue
                 child = state.children[step.request_id]
                 if update(state, child, step):

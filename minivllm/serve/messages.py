@@ -27,6 +27,10 @@ class EngineDeadError(RuntimeError):
     """The engine (its thread or its process) stopped on an error or was shut down: no request can be served."""
 
 
+class RequestFailedError(RuntimeError):
+    """The engine could not run this request (an error of its own, finish_reason "error"): it alone fails (a 500)."""
+
+
 # --- to the core ----------------------------------------------------------------------------------------
 
 
@@ -92,6 +96,7 @@ class RequestStep(msgspec.Struct, array_like=True):
     stop_reason: int | str | None = None
     # once, when the prompt is scored: per prompt token, as new_logprobs (the actual token first); the first None
     prompt_logprobs: list[list[tuple[int, float, int | None, str | None]] | None] | None = None
+    error_status: int = 400  # of an "error": 400, the core refused the request; 500, it failed in a step
 
 
 class SchedulerStats(msgspec.Struct, array_like=True):
