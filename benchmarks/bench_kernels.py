@@ -2,7 +2,7 @@
 
 - store_kvcache (minivllm/kernels/triton/store_kvcache.py): Qwen3-0.6B's per-layer K/V (8 KV heads x 128, bf16) for
   N new tokens scattered to random slots; bytes = K and V read + written (+ the slot mapping);
-- paged decode attention (attention_backend.decode) per available backend: 256 sequences x ~1k context,
+- paged decode attention (attention_backend's own_decode) per available backend: 256 sequences x ~1k context,
   block size 256, 16 q heads / 8 KV heads, head_dim 128, bf16; bytes = each sequence's K/V context read
   once + q read + o written (+ block tables and lengths).
 
@@ -116,7 +116,9 @@ def decode_inputs(num_seqs, mean_ctx, block_size, heads, kv_heads, head_dim, dev
 def bench_decode(backends, num_seqs, mean_ctx, block_size, heads, kv_heads, head_dim, device, reps) -> list[Result]:
     q, k_cache, v_cache, lens, tables = decode_inputs(num_seqs, mean_ctx, block_size, heads, kv_heads, head_dim, device)
     scale = head_dim**-0.5
-    expected = attention_backend.decode("torch", q.float(), k_cache.float(), v_cache.float(), lens, tables, scale)
+    expected = attention_backend.create("torch").decode(
+        q.float(), k_cache.float(), v_cache.float(), lens, tables, scale
+    )
     elem = q.element_size()
     nbytes = (
         2 * int(lens.sum()) * kv_heads * head_dim * elem  # K and V of every context, once
@@ -130,10 +132,11 @@ def bench_decode(backends, num_seqs, mean_ctx, block_size, heads, kv_heads, head
         if backend == "triton":  # minivllm/kernels/triton/paged_decode.py (the flash backends' decode)
             return lambda: paged_decode(q, k_cache, v_cache, lens, tables.clamp(min=0), scale)
         table = tables if backend == "torch" else tables.clamp(min=0)  # as the layer passes them
-        return lambda: attention_backend.decode(backend, q, k_cache, v_cache, lens, table, scale)
+        decode = attention_backend.create(backend).own_decode
+        return lambda: decode(q, k_cache, v_cache, lens, table, scale)
 
     out = []
-    # a flash backend's row times its own decode kernel (attention_backend.decode is the backend's)
+    # a flash backend's row times its own decode kernel (its `own_decode`)
     for backend in backends + (["triton"] if "fa4" in backends or "flash_attn" in backends else []):
         if backend == "flash_attn" and block_size % 256:
             print(f"skip decode/{backend}: paged KV needs block_size % 256 == 0", file=sys.stderr)

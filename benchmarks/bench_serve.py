@@ -80,6 +80,7 @@ def start_server(model: str | None, port: int, server_args: list[str], log_level
     cmd = [sys.executable, "-m", "minivllm", "serve", "--port", str(port), "--log-level", log_level, *server_args]
     cmd += ["--model", model] if model else []
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "PYTHONFAULTHANDLER": "1"}
+    env["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache, before each level
     with open(log, "w") if log else contextlib.nullcontext() as out:  # the child keeps its own copy of the file
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
     deadline = time.time() + 900  # a GPU engine captures its graphs first

@@ -16,6 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 from helpers.benchmark import COPY_BW, model_bytes_and_flops
 from helpers.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 from minivllm import LLM, SamplingParams, kernels
+from minivllm.layers import attention_backend
 
 
 @torch.inference_mode()
@@ -79,10 +80,14 @@ def main() -> None:
         opts = dict(kv.split("=") for kv in variant.split(","))
         parse = lambda v: {"0": False, "1": True, "auto": None}.get(v, v)  # flags 0/1, compile auto, names as is
         options = replace(runner.config.kernels, **{name: parse(value) for name, value in opts.items()})
-        runner.ops = kernels.pick(runner.device, runner.dtype, backend=runner.backend, options=options)
-        runner.sampler.ops = runner.ops
+        name = runner.backend.name
+        runner.ops = kernels.pick(runner.device, runner.dtype, backend=name, options=options)
+        runner.backend = attention_backend.create(name, decode=runner.ops.paged_decode)
+        runner.sampler.draw = runner.ops.draw
         runner.graphs = None
         torch.cuda.synchronize()
+        runner.load_model()  # the model built again with this variant's kernels (bound at construction)
+        runner.bind_kv_cache(runner.kv_cache)
         runner.capture_cudagraph()
         for ctx in (1, args.context):
             row = [f"b{bs} {replay_ms(bs, ctx):.3f}" for bs in (1, 8, 16, 32, 64, 128, 256)]

@@ -10,7 +10,7 @@ import torch
 from transformers import PretrainedConfig
 
 from minivllm.checkpoint import load_hf_config
-from minivllm.kernels import KernelOptions
+from minivllm.kernels.table import KernelOptions
 
 logger = logging.getLogger("minivllm")
 

@@ -18,7 +18,7 @@ from minivllm.layers import attention_backend
 def greedy(path, prompts, n, **kw):
     llm = LLM(path, **kw)
     out = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True), use_tqdm=False)
-    backend = llm.model_runner.backend
+    backend = llm.model_runner.backend.name
     llm.exit()
     return backend, [o.token_ids for o in out]
 

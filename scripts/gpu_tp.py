@@ -97,7 +97,7 @@ def run(path: str, prompts, n: int, tp: int, eager: bool, dtype: str, a) -> list
         return memo[path, label]
     t = time.perf_counter()
     llm = engine(path, tp, eager, dtype, a)
-    toks, backend = greedy(llm, prompts, n), llm.model_runner.backend
+    toks, backend = greedy(llm, prompts, n), llm.model_runner.backend.name
     print(f"{label} backend={backend} ({time.perf_counter() - t:.1f}s) first tokens {[x[:4] for x in toks[:3]]}")
     close(llm, label)
     memo[path, label] = toks

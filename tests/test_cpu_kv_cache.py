@@ -86,9 +86,12 @@ def reference_decode(q, k_cache, v_cache, lens, tables) -> torch.Tensor:
 
 def test_gather_is_built_once_for_equal_inputs():
     q, k_cache, v_cache, lens, tables = decode_inputs([5, 9, 3])
-    first = decode_gather(q, k_cache, v_cache, lens, tables)
-    assert decode_gather(q, k_cache + 1, v_cache, lens, tables) is first  # another layer's cache, same rows
-    assert decode_gather(q, k_cache, v_cache, lens.clone(), tables.clone()) is first  # equal values
+    cache = {}  # a backend's
+    first = decode_gather(q, k_cache, v_cache, lens, tables, cache)
+    assert decode_gather(q, k_cache + 1, v_cache, lens, tables, cache) is first  # another layer's cache, same rows
+    assert decode_gather(q, k_cache, v_cache, lens.clone(), tables.clone(), cache) is first  # equal values
+    assert decode_gather(q, k_cache, v_cache, lens, tables) is not first  # no cache: built anew
+    assert decode_gather(q, k_cache, v_cache, lens, tables, {}) is not first  # another backend's: its own
     assert isinstance(first, DecodeGather) and first.slots.shape == (3, 9) and first.mask.shape == (3, 1, 1, 9)
 
 
@@ -98,29 +101,30 @@ def test_gather_follows_inputs_changed_in_place(inference):
     # has no version counter, so the gather must be keyed by values, not by identity
     with torch.inference_mode(inference):
         q, k_cache, v_cache, lens, tables = decode_inputs([5, 9, 3])
-        scale = 8**-0.5
+        scale, cache = 8**-0.5, {}
         torch.testing.assert_close(
-            paged_decode_attention(q, k_cache, v_cache, lens, tables, scale),
+            paged_decode_attention(q, k_cache, v_cache, lens, tables, scale, cache),
             reference_decode(q, k_cache, v_cache, lens, tables),
         )
         lens[1] = 6  # same tensor, shorter context
         tables[0, 1] = tables[1, 2]  # and sequence 0 reads another block
         torch.testing.assert_close(
-            paged_decode_attention(q, k_cache, v_cache, lens, tables, scale),
+            paged_decode_attention(q, k_cache, v_cache, lens, tables, scale, cache),
             reference_decode(q, k_cache, v_cache, lens, tables),
         )
 
 
 def test_gather_still_checks_each_call():
     q, k_cache, v_cache, lens, tables = decode_inputs([5, 9, 3])
-    decode_gather(q, k_cache, v_cache, lens, tables)
+    cache = {}
+    decode_gather(q, k_cache, v_cache, lens, tables, cache)
     with pytest.raises(ValueError, match="2 queries but 3 context lengths"):
-        decode_gather(q[:2], k_cache, v_cache, lens, tables)  # same lens and tables: the gather is there
+        decode_gather(q[:2], k_cache, v_cache, lens, tables, cache)  # same lens and tables: the gather is there
     with pytest.raises(ValueError, match="head_dim of k"):
-        decode_gather(q[..., :4], k_cache, v_cache, lens, tables)
+        decode_gather(q[..., :4], k_cache, v_cache, lens, tables, cache)
     small = int(tables.max())  # a cache whose last block the tables use is not there
     with pytest.raises(ValueError, match=f"block table points outside the cache: .* cache has {small}"):
-        decode_gather(q, k_cache[:small], v_cache[:small], lens, tables)
+        decode_gather(q, k_cache[:small], v_cache[:small], lens, tables, cache)
 
 
 def test_engine_builds_one_gather_per_decode_step(tiny_qwen3, monkeypatch):

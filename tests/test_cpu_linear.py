@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from conftest import assert_close
 from minivllm import LLM, SamplingParams
+from minivllm.kernels import KernelOptions, pick
 from minivllm.kernels.cpu import linear as cpu_linear
 from minivllm.layers.embed_head import ParallelLMHead
 from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, ReplicatedLinear, RowParallelLinear
@@ -16,13 +17,16 @@ from minivllm.utils.context import reset_context
 pytestmark = pytest.mark.skipif(not cpu_linear.packable(torch.zeros(2, 2)), reason="no oneDNN in this torch build")
 
 
+CPU = pick("cpu")  # a CPU engine's kernels: the packed linear among them
+
+
 def _layers(dtype):
     torch.manual_seed(0)
     layers = {
-        "replicated+bias": ReplicatedLinear(48, 40, bias=True),
-        "qkv+bias": QKVParallelLinear(48, 16, 4, 2, bias=True),
-        "merged": MergedColumnParallelLinear(48, [64, 64]),
-        "row+bias": RowParallelLinear(48, 24, bias=True),
+        "replicated+bias": ReplicatedLinear(48, 40, bias=True, ops=CPU),
+        "qkv+bias": QKVParallelLinear(48, 16, 4, 2, bias=True, ops=CPU),
+        "merged": MergedColumnParallelLinear(48, [64, 64], ops=CPU),
+        "row+bias": RowParallelLinear(48, 24, bias=True, ops=CPU),
     }
     for m in layers.values():
         for p in m.parameters():
@@ -38,7 +42,7 @@ def test_packed_layers_equal_f_linear(dtype, rows):
         x = torch.randn(rows, 48).to(dtype)
         want = F.linear(x, m.weight, m.bias)
         packs = dtype != torch.bfloat16 or cpu_linear.bf16_supported()  # else bf16 keeps F.linear
-        assert cpu_linear.pack_linears(m) == int(packs), name
+        assert m.pack_weight() == packs, name
         got = m(x)
         assert got.shape == want.shape and got.dtype == dtype, name
         assert_close(got, want, **tol)
@@ -49,20 +53,32 @@ def test_packed_layers_equal_f_linear(dtype, rows):
 
 def test_packed_lm_head_equals_f_linear():
     torch.manual_seed(0)
-    head = ParallelLMHead(500, 32)
+    head = ParallelLMHead(500, 32, ops=CPU)
     head.weight.data.normal_()
     reset_context()  # decode: every row is a last token
     x = torch.randn(5, 32)
     want = F.linear(x, head.weight)
-    assert cpu_linear.pack_linears(head) == 1
+    assert head.pack_weight()
     assert_close(head(x), want, atol=1e-4, rtol=1e-4)
 
 
+def test_only_a_table_with_the_packed_linear_packs():
+    """A layer built alone (the torch definitions) or with the option off packs nothing and runs F.linear."""
+    off = pick("cpu", options=KernelOptions(cpu_packed_linear=False))
+    assert CPU.linear is cpu_linear.linear and off.linear is None and off.pack_linear is None
+    for table in (None, off):
+        m = ReplicatedLinear(8, 4) if table is None else ReplicatedLinear(8, 4, ops=table)
+        m.weight.data.normal_()
+        assert not m.pack_weight() and m.packed_weight is None
+        x = torch.randn(2, 8)
+        assert torch.equal(m(x), F.linear(x, m.weight))
+
+
 def test_unpackable_weights_fall_back_to_f_linear():
-    m = ReplicatedLinear(8, 4)
+    m = ReplicatedLinear(8, 4, ops=CPU)
     m.weight.data.normal_()  # (torch.empty otherwise: NaNs now and then, and NaN != NaN)
     m = m.to(torch.float16)  # oneDNN's CPU matmul: fp32 and bf16 here
-    assert cpu_linear.pack_linears(m) == 0 and m.packed_weight is None
+    assert not m.pack_weight() and m.packed_weight is None
     x = torch.randn(2, 8).to(torch.float16)
     assert torch.equal(m(x), F.linear(x, m.weight))
 

@@ -15,7 +15,6 @@ from minivllm.kernels import KernelOptions, pick
 from minivllm.kernels.cpu import build
 from minivllm.kernels.cpu import ops as cpu_ops
 from minivllm.layers import activation, attention, attention_backend, layernorm, rotary_embedding, torch_attention
-from minivllm.utils.context import use_ops
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -49,9 +48,9 @@ def test_rms_norms_match_torch(dtype, rows):
     norm = layernorm.RMSNorm(96, eps=1e-5).to(dtype)
     norm.weight.data = (torch.rand(96) + 0.5).to(dtype)
     ulps = 4 if dtype == torch.float32 else 1  # fp32: the variance's sum in another order moves the last bits
-    within_ulps(cpu_ops.rms_norm(x, norm.weight, 1e-5), norm.rms_forward(x), ulps)
+    within_ulps(cpu_ops.rms_norm(x, norm.weight, 1e-5), layernorm.rms_norm(x, norm.weight, 1e-5), ulps)
     out, res = cpu_ops.add_rms_norm(x, r, norm.weight, 1e-5)
-    want_out, want_res = norm.add_rms_forward(x, r)
+    want_out, want_res = layernorm.add_rms_norm(x, r, norm.weight, 1e-5)
     assert torch.equal(res, want_res)  # the new residual: one rounding of the fp32 sum
     within_ulps(out, want_out, ulps)
 
@@ -63,7 +62,10 @@ def test_rotary_matches_torch_on_views_of_qkv(dtype):
     qkv = torch.randn(13, (4 + 2 * 2) * 64).to(dtype)  # 4 query heads, 2 KV heads: q and k are strided views
     q, k = qkv[:, :256].view(13, 4, 64), qkv[:, 256:384].view(13, 2, 64)
     positions = torch.randint(0, 512, (13,))
-    got, want = cpu_ops.rotary(positions, q, k, rope.cos_sin_cache), rope.rotate(positions, q, k)
+    got, want = (
+        cpu_ops.rotary(positions, q, k, rope.cos_sin_cache),
+        rotary_embedding.rotary(positions, q, k, rope.cos_sin_cache),
+    )
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])  # the same roundings, in the same order
 
 
@@ -155,28 +157,37 @@ def test_paged_decode_rejects_bad_tables_and_shapes():
 def test_layers_take_the_cpp_path_on_cpu_and_the_option_turns_it_off():
     torch.manual_seed(0)
     x, r = torch.randn(5, 64).bfloat16(), torch.randn(5, 64).bfloat16()
-    norm = layernorm.RMSNorm(64).to(torch.bfloat16)
-    norm.weight.data.uniform_(0.5, 1.5)
     gate_up = torch.randn(5, 2 * 48).bfloat16()
     q, k = torch.randn(5, 4, 64).bfloat16(), torch.randn(5, 2, 64).bfloat16()
-    rope, positions = rotary_embedding.RotaryEmbedding(64, 64, 64, 10000.0), torch.arange(5)
+    positions, weight = torch.arange(5), torch.empty(64).uniform_(0.5, 1.5).bfloat16()
+
+    def layers(table):
+        """A norm, an activation, a RoPE and an attention layer built with the kernel table `table`."""
+        norm = layernorm.RMSNorm(64, ops=table).to(torch.bfloat16)
+        norm.weight.data.copy_(weight)
+        rope = rotary_embedding.RotaryEmbedding(64, 64, 64, 10000.0, ops=table)
+        return norm, activation.SiluAndMul(ops=table), rope, attention.Attention(4, 64, 0.125, 2, ops=table)
+
     table = pick("cpu")
     assert table.rms_norm is cpu_ops.rms_norm and table.paged_decode is cpu_ops.checked_paged_decode
-    with use_ops(table):
-        assert torch.equal(norm(x), cpu_ops.rms_norm(x, norm.weight, norm.eps))
-        assert all(torch.equal(a, b) for a, b in zip(norm(x, r), cpu_ops.add_rms_norm(x, r, norm.weight, norm.eps)))
-        assert torch.equal(activation.SiluAndMul()(gate_up), cpu_ops.silu_and_mul(gate_up))
-        rotated = rope(positions, q, k)
+    norm, act, rope, attn = layers(table)
+    assert torch.equal(norm(x), cpu_ops.rms_norm(x, norm.weight, norm.eps))
+    assert all(torch.equal(a, b) for a, b in zip(norm(x, r), cpu_ops.add_rms_norm(x, r, norm.weight, norm.eps)))
+    assert torch.equal(act(gate_up), cpu_ops.silu_and_mul(gate_up))
+    rotated = rope(positions, q, k)
     assert all(torch.equal(a, b) for a, b in zip(rotated, cpu_ops.rotary(positions, q, k, rope.cos_sin_cache)))
+    assert attn.store is cpu_ops.store_kvcache
     off = pick("cpu", options=KernelOptions(cpu_ops=False))
     assert off.rms_norm is None and off.paged_decode is None and off.store_kvcache is None
-    with use_ops(off):
-        assert torch.equal(norm(x), norm.rms_forward(x))  # the torch definition
-        assert torch.equal(activation.SiluAndMul()(gate_up), activation.SiluAndMul().silu_and_mul(gate_up))
+    norm, act, rope, attn = layers(off)
+    assert torch.equal(norm(x), layernorm.rms_norm(x, norm.weight, norm.eps))  # the torch definition
+    assert torch.equal(act(gate_up), activation.silu_and_mul(gate_up))
+    assert attn.store is attention.store_kvcache_torch
+    assert attention_backend.create("torch", decode=table.paged_decode).decode is cpu_ops.checked_paged_decode
     args = paged_inputs(torch.bfloat16, [30, 7], 4, 2, 64, 16)
     torch.testing.assert_close(
         cpu_ops.paged_decode(*args, 0.125).float(),
-        attention_backend.decode("torch", *args, 0.125).float(),
+        attention_backend.create("torch").decode(*args, 0.125).float(),
         atol=1e-2,
         rtol=1e-2,
     )

@@ -71,7 +71,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_import_reader_sees_what_a_module_imports():
     graph = {name: imports_of(name) for name in MODULES}
     assert "minivllm.layers.torch_attention" in graph["minivllm.kernels.cpu.ops"]  # a module-level import
-    assert "minivllm.kernels.cpu.ops" in graph["minivllm.kernels"]  # one inside pick()
+    assert "minivllm.kernels.cpu.ops" in graph["minivllm.kernels.table"]  # one inside pick()
     assert "minivllm.engine.model_runner" in graph["minivllm.engine.tp_workers"]  # one inside worker_main()
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -113,3 +113,23 @@ def test_no_module_starts_a_process_or_thread_at_import():
     planted = ast.parse("import threading\nthreading.Thread(target=print).start()\ndef later():\n    run()\n")
     assert calls_at_import(planted) == ["threading.Thread(target=print).start()", "threading.Thread(target=print)"]
     assert calls_at_import(ast.parse("from minivllm.engine import attention_compile\nattention_compile.start_helper()"))
+
+
+def test_the_core_reaches_the_kernels_through_the_table_and_one_seam():
+    """Layers, models and utils import the kernel table only (what a layer binds at construction); the runner
+    imports `minivllm.kernels` alone (pick and the start-up seam), never the CPU, Triton or start-up modules."""
+    graph = {name: imports_of(name) for name in MODULES}
+    for name in MODULES:
+        if name.startswith(("minivllm.layers", "minivllm.models", "minivllm.utils")):
+            kernels = {m for m in graph[name] if m.startswith("minivllm.kernels")}
+            assert kernels <= {"minivllm.kernels.table"}, (name, kernels)
+    runner = {m for m in graph["minivllm.engine.model_runner"] if m.startswith("minivllm.kernels")}
+    assert runner == {"minivllm.kernels"}
+
+
+def test_no_private_torch_distributed_api():
+    """Each engine's process group is passed to the layers: nothing swaps torch's default group around."""
+    for name, path in MODULES.items():
+        source = path.read_text()
+        for private in ("distributed_c10d", "_update_default_pg", "_world"):
+            assert private not in source, (name, private)

@@ -25,7 +25,6 @@ from minivllm.layers.linear import (
 )
 from minivllm.layers.rotary_embedding import RotaryEmbedding, get_rope, rope_theta_of
 from minivllm.models.qwen3 import Qwen3MLP
-from minivllm.utils.context import use_ops
 
 
 def ops(device: str = "cpu", **options):
@@ -99,13 +98,14 @@ def _triton_tolerance(dtype: torch.dtype) -> dict:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(7, 96), (2, 3, 64), (0, 64)])
 def test_rmsnorm_triton_kernel_matches_torch(dtype, shape):
-    norm, _ = _norms(shape[-1], dtype)
-    norm = norm.to(TRITON_DEVICE)
+    norm, _ = _norms(shape[-1], dtype)  # the torch definitions, eager
+    fast = RMSNorm(shape[-1], eps=1e-6, ops=ops(TRITON_DEVICE, triton_on_cpu=True))  # our kernels, the same weight
+    fast.weight.data.copy_(norm.weight)
+    norm, fast = norm.to(TRITON_DEVICE), fast.to(dtype).to(TRITON_DEVICE)
     x = (3 * torch.randn(shape) + 1).to(dtype).to(TRITON_DEVICE)
     residual = torch.randn(shape).to(dtype).to(TRITON_DEVICE)
-    y_ref, (z_ref, r_ref) = norm(x), norm(x, residual)  # outside a step: the torch definitions, eager
-    with use_ops(ops(TRITON_DEVICE, triton_on_cpu=True)):
-        y, (z, r) = norm(x), norm(x, residual)
+    y_ref, (z_ref, r_ref) = norm(x), norm(x, residual)
+    y, (z, r) = fast(x), fast(x, residual)
     for got, want in ((y, y_ref), (z, z_ref), (r, r_ref)):
         assert got.shape == want.shape and got.dtype == want.dtype
         assert_close(got, want, **_triton_tolerance(dtype))
@@ -116,19 +116,20 @@ def test_rmsnorm_triton_kernel_matches_torch(dtype, shape):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(5, 2 * 1500), (2, 3, 2 * 40), (0, 8)])
 def test_silu_and_mul_triton_kernel_matches_torch(dtype, shape):
-    act = SiluAndMul()
+    act, fast = SiluAndMul(), SiluAndMul(ops=ops(TRITON_DEVICE, triton_on_cpu=True))
     x = (2 * torch.randn(shape)).to(dtype).to(TRITON_DEVICE)
     want = act(x)
-    with use_ops(ops(TRITON_DEVICE, triton_on_cpu=True)):
-        got = act(x)
+    got = fast(x)
     assert got.shape == (*shape[:-1], shape[-1] // 2) and got.dtype == dtype
     assert_close(got, want, **_triton_tolerance(dtype))
 
 
 def test_small_ops_route_to_triton_only_where_asked():
     """A CPU engine's table runs the torch definitions (or C++) unless triton_on_cpu; the compile option takes the
-    torch.compile path instead, or eager torch; a GPU engine's runs our kernels and compiles the rest."""
-    from minivllm.kernels.triton import layernorm
+    torch.compile path instead, or eager torch; a GPU engine's runs our kernels and compiles the rest. A layer
+    binds what its table holds when it is built."""
+    from minivllm.kernels.triton import activation, layernorm
+    from minivllm.layers import layernorm as torch_layernorm
 
     assert ops(cpu_ops=False).rms_norm is None and not ops(cpu_ops=False).compile
     assert ops(triton_on_cpu=True).rms_norm is layernorm.rms_norm
@@ -136,6 +137,11 @@ def test_small_ops_route_to_triton_only_where_asked():
     assert compiled.rms_norm is None and compiled.silu_and_mul is None and compiled.compile
     eager = ops(triton_on_cpu=True, compile=False)
     assert eager.rms_norm is None and not eager.compile
+    assert RMSNorm(8, ops=ops(triton_on_cpu=True))._rms_norm is layernorm.rms_norm
+    assert SiluAndMul(ops=ops(triton_on_cpu=True))._silu_and_mul is activation.silu_and_mul
+    assert RMSNorm(8, ops=eager)._add_rms_norm is torch_layernorm.add_rms_norm  # the definition itself
+    assert RMSNorm(8, ops=compiled)._rms_norm is not torch_layernorm.rms_norm  # a torch.compile of it
+    assert RMSNorm(8, ops=compiled)._rms_norm is RMSNorm(16, ops=compiled)._rms_norm  # one per definition, shared
     gpu = pick("cuda")  # a table only: nothing runs
     assert gpu.rms_norm is layernorm.rms_norm and gpu.attention_prologue is not None and gpu.compile
     with pytest.raises(ValueError, match="unknown kernel option"):
@@ -150,11 +156,11 @@ def test_small_ops_run_triton_on_cuda_without_dynamo():
     """On CUDA the default path is the Triton kernels: a fresh norm and activation compile nothing in dynamo."""
     from torch._dynamo.utils import counters
 
-    norm, act = RMSNorm(64).cuda().bfloat16(), SiluAndMul()
+    table = pick("cuda", torch.bfloat16)
+    norm, act = RMSNorm(64, ops=table).cuda().bfloat16(), SiluAndMul(ops=table)
     before = int(counters["stats"]["unique_graphs"])
     x = torch.randn(3, 64, device="cuda", dtype=torch.bfloat16)
-    with use_ops(pick("cuda", torch.bfloat16)):
-        norm(x), norm(x, x), act(torch.cat([x, x], dim=-1))
+    norm(x), norm(x, x), act(torch.cat([x, x], dim=-1))
     assert int(counters["stats"]["unique_graphs"]) == before
 
 
@@ -162,11 +168,12 @@ def test_small_ops_run_triton_on_cuda_without_dynamo():
 def test_rmsnorm_compiled_matches_eager():
     """The torch.compile path (nano-vllm's; the `compile` kernel option), forced on CPU for one small op."""
     norm, _ = _norms(16, torch.float32)
-    x = torch.randn(4, 16)
-    eager = norm(x)
-    with use_ops(ops(compile=True)):
-        compiled = norm(x)
-    assert_close(compiled, eager)
+    fast = RMSNorm(16, eps=1e-6, ops=ops(compile=True))
+    fast.weight.data.copy_(norm.weight)
+    x, r = torch.randn(4, 16), torch.randn(4, 16)
+    assert_close(fast(x), norm(x))
+    for got, want in zip(fast(x, r), norm(x, r)):
+        assert_close(got, want)
 
 
 # --- RoPE --------------------------------------------------------------------------------------------
@@ -325,3 +332,22 @@ def test_loader_shape_mismatch_names_layer_and_shard():
     col = ColumnParallelLinear(16, 24)
     with pytest.raises(ValueError, match=r"ColumnParallelLinear: input last dim 8 != in_features 16"):
         col(torch.randn(2, 8))
+
+
+def test_get_rope_is_one_module_per_kernel_table():
+    """Every layer of one model shares one RotaryEmbedding; a model built with other kernels gets its own (bound to
+    its table's rotary), not the first model's."""
+    from dataclasses import replace
+
+    from minivllm.layers.rotary_embedding import rotary
+
+    def kernel(positions, q, k, cos_sin_cache):  # a stand-in rotary kernel
+        return rotary(positions, q, k, cos_sin_cache)
+
+    get_rope.cache_clear()
+    eager = ops(cpu_ops=False)
+    first = get_rope(16, 16, 64, 10000.0, ops=eager)
+    assert get_rope(16, 16, 64, 10000.0, ops=eager) is first and first._rotary is rotary
+    other = get_rope(16, 16, 64, 10000.0, ops=replace(eager, rotary=kernel))
+    assert other is not first and other._rotary is kernel
+    get_rope.cache_clear()

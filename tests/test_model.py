@@ -12,10 +12,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from conftest import assert_close, assert_greedy_within_bf16, bf16_greedy_margin, teacher_forced_logits
 from helpers.spawn import run_tp
 from helpers.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
+from minivllm.layers import attention_backend
 from minivllm.layers.attention import Attention
 from minivllm.models.qwen3 import Qwen3ForCausalLM
 from minivllm.utils.context import reset_context, set_context
-from minivllm.utils.dist import tp_rank, tp_size
 from minivllm.utils.loader import load_model
 
 ARCH_FIXTURES = ["tiny_qwen3", "tiny_qwen2", "tiny_llama"]
@@ -31,23 +31,26 @@ MAX_TOKENS = 32
 # --- minivllm side: build, load, and drive the model by hand --------------------------------------------
 
 
-def build_model(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu") -> Qwen3ForCausalLM:
+def build_model(path: str, dtype: torch.dtype = torch.float32, device: str = "cpu", group=None) -> Qwen3ForCausalLM:
+    """The model with the torch definitions and the torch attention backend, sharded over `group` (None: one rank)."""
     hf_config = AutoConfig.from_pretrained(path)
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = Qwen3ForCausalLM(hf_config)
+            model = Qwen3ForCausalLM(hf_config, group=group)
     finally:
         torch.set_default_dtype(default)
     load_model(model, path)
     return model.eval()
 
 
-def set_backend(model: torch.nn.Module, backend: str | None) -> None:
+def set_backend(model: torch.nn.Module, backend: str) -> None:
+    """Give every attention layer of `model` one object of the attention backend `backend`, as the runner does."""
+    shared = attention_backend.create(backend)
     for m in model.modules():
         if isinstance(m, Attention):
-            m.backend = backend
+            m.backend = shared
 
 
 def packed_prefill_inputs(prompts: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -106,8 +109,8 @@ def paged_greedy(
         return tables[seq, pos // block_size] * block_size + pos % block_size
 
     def pick(logits: torch.Tensor | None) -> torch.Tensor:
-        tokens = logits.argmax(-1) if tp_rank() == 0 else torch.empty(S, dtype=torch.long, device=device)
-        if tp_size() > 1:
+        tokens = logits.argmax(-1) if model.lm_head.tp_rank == 0 else torch.empty(S, dtype=torch.long, device=device)
+        if model.lm_head.tp_size > 1:
             dist.broadcast(tokens, 0)
         return tokens  # (S,)
 
@@ -236,7 +239,7 @@ def test_greedy_bf16_agrees_up_to_near_ties(tiny_qwen3):
 def tp_worker(rank: int, world_size: int, path: str, prompts: list[list[int]], max_tokens: int):
     """Runs in each gloo process (module level so spawn can import it)."""
     torch.manual_seed(0)
-    model = build_model(path)
+    model = build_model(path, group=dist.group.WORLD)
     assert model.model.layers[0].self_attn.num_heads == 4 // world_size
     logits = prefill_logits(model, prompts)
     tokens, _ = paged_greedy(model, prompts, max_tokens)

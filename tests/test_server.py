@@ -25,6 +25,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.serve.async_llm import AsyncLLM
 from minivllm.serve.cli import port_free, serve_main
 from minivllm.serve.openai_server import ServerThread
+from minivllm.serve.server_options import ServerOptions
 from minivllm.utils.dist import free_port
 
 ARGS = dict(kvcache_block_size=16, max_model_len=256, max_num_seqs=16, max_num_batched_tokens=256)
@@ -45,7 +46,7 @@ def offline(chat_model):
 @pytest.fixture(scope="module")
 def server(chat_model):
     llm = AsyncLLM(chat_model, num_kvcache_blocks=BLOCKS, **ARGS)
-    with ServerThread(llm, NAME) as srv:
+    with ServerThread(llm, NAME, options=ServerOptions(dev_mode=True)) as srv:
         srv.llm = llm
         yield srv
     llm.shutdown()
@@ -367,7 +368,7 @@ def test_keep_alive_timeout_reaches_uvicorn(tiny_qwen3, monkeypatch, capsys):
     """--timeout-keep-alive (default 60 s, not uvicorn's 5: a request sent on a kept-alive connection while a
     compile stalls the server can otherwise be reset unanswered; openai_server.py) reaches uvicorn's Config; a
     value <= 0 is refused before the engine starts."""
-    from minivllm.serve import cli, openai_server
+    from minivllm.serve import cli, launcher, openai_server
 
     assert cli.parse_serve_args([]).timeout_keep_alive == openai_server.TIMEOUT_KEEP_ALIVE == 60
     seen = {}
@@ -375,7 +376,7 @@ def test_keep_alive_timeout_reaches_uvicorn(tiny_qwen3, monkeypatch, capsys):
     def run(server):  # uvicorn's serving loop, replaced: what it was configured with is what matters here
         seen.update(keep_alive=server.config.timeout_keep_alive, port=server.config.port, seed=server.llm.info.seed)
 
-    monkeypatch.setattr(openai_server.Server, "run", run)
+    monkeypatch.setattr(launcher.Server, "run", run)
     port = free_port()
     assert serve_main(["--model", tiny_qwen3, "--port", str(port), "--timeout-keep-alive", "42", "--seed", "3"]) == 0
     assert seen == {"keep_alive": 42.0, "port": port, "seed": 3}

@@ -158,7 +158,7 @@ def test_gpu_fa4_prefill_over_the_cache_equals_its_fresh_path(gpu_bf16_qwen3):
 
     def make_llm():
         llm = LLM(gpu_bf16_qwen3, max_num_batched_tokens=256, num_kvcache_blocks=64, dtype="bfloat16")
-        assert llm.model_runner.backend == "fa4" and llm.model_runner.prefill_keys_from_cache
+        assert llm.model_runner.backend.name == "fa4" and llm.model_runner.prefill_keys_from_cache
         return llm
 
     outputs = tokens_both_ways(make_llm, mid=90, long=300, max_tokens=12)
@@ -171,16 +171,15 @@ def test_gpu_fa4_prefill_over_the_cache_equals_its_fresh_path(gpu_bf16_qwen3):
     "kernels refuse CPU tensors); there test_gpu_nothing_compiles_after_start covers the warm-up",
 )
 def test_warmup_prefill_stores_into_a_stand_in_cache(tiny_qwen3):
-    """The GPU warm-up (engine/startup/warmup.py), run on CPU through the Triton kernels: its prefill hands the
+    """The GPU warm-up (kernels/startup/warmup.py), run on CPU through the Triton kernels: its prefill hands the
     layers a one-block stand-in cache with every slot -1 (so the kernels compile their storing variant) and, for
     the step, the torch attention when the backend reads keys from the cache; afterwards the layers hold no cache
     (the runner gives them the real one next) and keep their backend, the real cache is untouched, and the engine
     answers as before once it has its cache back."""
-    from dataclasses import replace
+    from functools import partial
 
     from minivllm import kernels
     from minivllm.kernels.startup import warmup
-    from minivllm.utils.context import get_context
 
     llm = LLM(
         tiny_qwen3,
@@ -194,27 +193,30 @@ def test_warmup_prefill_stores_into_a_stand_in_cache(tiny_qwen3):
     runner = llm.model_runner
     greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     before = [o.token_ids for o in llm.generate([[1, 2, 3], [4, 5]], greedy, use_tqdm=False)]
-    layers, engine_ops = runner.attn_layers, runner.ops
-    backends = [m.backend for m in layers]
+    layers = runner.attn_layers
+    backends, prologues = [m.backend for m in layers], [m.prologue for m in layers]
     runner.kv_cache.fill_(1.0)
     seen, gpu_path = [], kernels.pick("cpu", options=kernels.KernelOptions(triton_on_cpu=True))
 
-    def recorded(qkv, positions, cos_sin_cache, **kwargs):
-        seen.append((tuple(kwargs["k_cache"].shape), kwargs["slot_mapping"].tolist(), get_context().attention_backend))
+    def recorded(layer, qkv, positions, cos_sin_cache, **kwargs):
+        seen.append((tuple(kwargs["k_cache"].shape), kwargs["slot_mapping"].tolist(), layer.backend.name))
         return gpu_path.attention_prologue(qkv, positions, cos_sin_cache, **kwargs)
 
     runner.prefill_keys_from_cache = True  # as with FlashAttention-4
-    runner.ops = replace(gpu_path, attention_prologue=recorded)
+    for m in layers:  # the layers as the GPU path builds them: the fused prologue, recorded
+        m.prologue = partial(recorded, m)
     try:
         warmup.warmup_model(runner)
     finally:
-        runner.ops, runner.prefill_keys_from_cache = engine_ops, False
+        runner.prefill_keys_from_cache = False
+        for m, prologue in zip(layers, prologues):
+            m.prologue = prologue
     assert len(seen) == len(layers)
     shape, slots, backend = seen[0]
     assert shape == (1, 16, *runner.kv_cache.shape[4:])  # one block
     assert set(slots) == {-1} and len(slots) == 64  # max_model_len tokens, none stored
     assert backend == "torch"
-    assert [m.backend for m in layers] == backends and all(m.k_cache.numel() == 0 for m in layers)
+    assert all(m.backend is b for m, b in zip(layers, backends)) and all(m.k_cache.numel() == 0 for m in layers)
     assert bool((runner.kv_cache == 1.0).all())  # the real cache was not written
     runner.kv_cache.zero_()
     runner.bind_kv_cache(runner.kv_cache)
@@ -232,7 +234,7 @@ def test_attention_compile_ahead_makes_the_warmup_prefills_call(tiny_qwen3, monk
     from minivllm.kernels.startup import attention_compile
     from minivllm.layers import attention_backend
 
-    calls, prefill_paged = [], attention_backend.prefill_paged
+    calls, prefill_paged = [], attention_backend.TorchBackend.prefill_paged
 
     def recorded(backend, q, k_cache, v_cache, **kw):
         calls.append(
@@ -260,7 +262,7 @@ def test_attention_compile_ahead_makes_the_warmup_prefills_call(tiny_qwen3, monk
     runner = llm.model_runner
     assert runner.compile_ahead.attention is None  # no thread on CPU
     runner.prefill_keys_from_cache = True  # as with FlashAttention-4
-    monkeypatch.setattr(attention_backend, "prefill_paged", recorded)
+    monkeypatch.setattr(attention_backend.TorchBackend, "prefill_paged", recorded)
     runner.warmup_attention()
     layers = len(runner.attn_layers)
     assert len(calls) == layers and len(set(calls)) == 1

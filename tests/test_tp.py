@@ -105,18 +105,23 @@ def test_ranks_agree_on_the_smallest_kv_block_count(tp2):
     assert [r["agree_min"] for r in tp2] == [25, 25]
 
 
-# --- TP degrees without processes: simulate the world size the layers read -----------------------------
+# --- TP degrees without processes: a stand-in group of the size the layers read --------------------------
 
 
-def _simulate_tp(monkeypatch, size: int) -> None:
-    import minivllm.layers.linear as linear
-    import minivllm.models.qwen3 as qwen3
+class SizedGroup:
+    """What the layers read from their process group at construction: this rank and the world size."""
 
-    monkeypatch.setattr(qwen3, "tp_size", lambda: size)
-    monkeypatch.setattr(linear, "tp_size", lambda: size)
+    def __init__(self, size: int) -> None:
+        self._size = size
+
+    def rank(self) -> int:
+        return 0
+
+    def size(self) -> int:
+        return self._size
 
 
-def _qwen3_0_6b_attention():
+def _qwen3_0_6b_attention(size: int):
     from minivllm.models.qwen3 import Qwen3Attention
 
     return Qwen3Attention(
@@ -130,21 +135,20 @@ def _qwen3_0_6b_attention():
         qk_norm=True,
         rope_theta=1e6,
         rope_scaling=None,
+        group=SizedGroup(size),
     )
 
 
-def test_tp3_with_16_heads_raises(monkeypatch):
-    _simulate_tp(monkeypatch, 3)
+def test_tp3_with_16_heads_raises():
     with pytest.raises(ValueError, match=r"^tensor parallel size 3 does not divide number of attention heads 16$"):
-        _qwen3_0_6b_attention()
+        _qwen3_0_6b_attention(3)
 
 
-def test_qwen3_0_6b_admits_tp_1_2_4_8(monkeypatch):
+def test_qwen3_0_6b_admits_tp_1_2_4_8():
     admitted = []
     for size in range(1, 17):
-        _simulate_tp(monkeypatch, size)
         try:
-            attn = _qwen3_0_6b_attention()
+            attn = _qwen3_0_6b_attention(size)
         except ValueError as e:
             assert "does not divide number of" in str(e)
             continue

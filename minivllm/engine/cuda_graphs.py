@@ -83,7 +83,6 @@ def decode_step(runner, bs: int) -> None:
         slot_mapping=v["slot_mapping"][:bs],
         context_lens=v["context_lens"][:bs],
         block_tables=v["block_tables"][:bs],
-        ops=runner.ops,
     )
     if runner.sample_in_graph:
         runner.feed_pending(v["input_ids"][:bs], v["src"][:bs])

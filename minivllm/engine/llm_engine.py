@@ -19,47 +19,29 @@ the step in flight instead when the next step needs its tokens on the host:
 
 Aborting frees a request's blocks at once (scheduler.py: `finish`), also while a step that computes it is
 in flight: that step's token for it is discarded when it arrives. So does `finish_sequences`, with which the
-front end ends a sequence whose text reached a stop string."""
+front end ends a sequence whose text reached a stop string.
+
+A request fails alone: one with a grammar waits out of the scheduler while a thread compiles it (the other steps
+go on); a step that fails to launch is launched without the requests whose own inputs fail (each ends with
+finish_reason "error", the message in stop_reason). Only an error no request alone causes stops the engine."""
 
 import atexit
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from minivllm.checkpoint import eos_token_ids, load_tokenizer
 from minivllm.config import Config
-from minivllm.engine.model_runner import ModelRunner, StepHandle
+from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.request import EngineOutput, EngineRequest
 from minivllm.engine.sampling_hook import SamplingHook
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.sequence import Sequence
+from minivllm.engine.step_handle import Launched, StepRecord
 from minivllm.engine.tp_workers import Workers
 from minivllm.sampling_params import SamplingParams
 from minivllm.utils.dist import free_port
-
-
-@dataclass(slots=True)
-class StepRecord:
-    """Where one step's wall time went (host seconds; `run` includes the GPU work, which it waits for)."""
-
-    is_prefill: bool
-    num_seqs: int
-    num_tokens: int
-    schedule: float
-    run: float
-    postprocess: float
-
-
-@dataclass(slots=True)
-class Launched:
-    """A step launched on the device whose tokens have not been read back yet."""
-
-    seqs: list[Sequence]
-    sampled: list[tuple[Sequence, int]]  # (sequence, position of its PENDING token)
-    handle: StepHandle
-    record: StepRecord
-    needs_history: bool  # a request in it has penalties, bad words or a grammar: finish it before the next launch
 
 
 class LLMEngine:
@@ -87,6 +69,7 @@ class LLMEngine:
         self.sampling_hook: SamplingHook | None = hook
         self.requests: dict[str, EngineRequest] = {}  # unfinished, by id
         self.in_flight: Launched | None = None
+        self.failed: list[EngineOutput] = []  # outputs of requests that failed alone, for the next step() to return
         self.overlap = config.tensor_parallel_size == 1  # TP workers need each step's tokens on the host
         self.step_log: list[StepRecord] = []
         this = weakref.ref(self)  # at exit, stop the workers of an engine still alive
@@ -97,6 +80,8 @@ class LLMEngine:
         if getattr(self, "model_runner", None) is None:
             return
         atexit.unregister(self._atexit)
+        if self.sampling_hook is not None:
+            self.sampling_hook.shutdown()  # grammars still compiling are dropped
         if self.workers is not None:
             self.workers.exit()
             self.workers = None
@@ -118,12 +103,17 @@ class LLMEngine:
             child = replace(params, n=1, seed=params.seed + i) if params.n > 1 and params.seed is not None else params
             child.bad_words_token_ids = params.bad_words_token_ids
             seqs.append(Sequence(prompt_token_ids, child, request_id, i))
-        if self.sampling_hook is not None:  # sampling hook: a grammar's matcher per sequence
-            self.sampling_hook.add_request(seqs)
         request = EngineRequest(seqs, prompt_rows=[] if params.prompt_logprobs is not None else None)
         self.requests[request_id] = request
-        share = self.config.enable_prefix_caching and len(prompt_token_ids) > self.config.kvcache_block_size
-        if share and params.prompt_logprobs is None and len(seqs) > 1:
+        # sampling hook: a request with a grammar waits out of the scheduler while a thread compiles it
+        if self.sampling_hook is None or not self.sampling_hook.add_request(request_id, seqs):
+            self._schedule(request)
+
+    def _schedule(self, request: EngineRequest) -> None:
+        """Hand a request's sequences to the scheduler (those that must wait for the first one's prompt wait)."""
+        seqs, n = request.seqs, len(request.seqs[0].prompt_token_ids)
+        share = self.config.enable_prefix_caching and n > self.config.kvcache_block_size
+        if share and request.prompt_rows is None and len(seqs) > 1:
             request.deferred, seqs = seqs[1:], seqs[:1]
         for seq in seqs:
             self.scheduler.add(seq)
@@ -173,6 +163,13 @@ class LLMEngine:
     def step(self) -> list[EngineOutput]:
         """Launch the next step, then read back the one in flight (the module docstring says why in this
         order). Returns what each sequence got in the step read back."""
+        hook = self.sampling_hook
+        idle = self.in_flight is None and self.scheduler.is_finished()  # only grammars compiling: wait a little
+        for rid, error in hook.ready(wait=0.05 if idle else 0.0) if hook is not None else []:  # sampling hook
+            if rid in self.requests:  # (not aborted meanwhile)
+                self._fail(rid, f"its grammar failed to compile: {error}") if error else self._schedule(
+                    self.requests[rid]
+                )
         outputs, progressed = [], False
         if self.in_flight is not None and (not self.overlap or self.in_flight.needs_history):
             in_flight, self.in_flight = self.in_flight, None  # the next launch needs its tokens
@@ -182,9 +179,11 @@ class LLMEngine:
             outputs += self._finish(self.in_flight)
             progressed = True
         self.in_flight = launched
-        if launched is None and not progressed and self.requests:
+        failed, self.failed = self.failed, []
+        waiting = hook is not None and hook.num_waiting
+        if launched is None and self.requests and not (progressed or failed or waiting):
             raise RuntimeError("scheduler produced an empty step while requests are pending")
-        return outputs
+        return outputs + failed
 
     def _launch(self) -> Launched | None:
         """Schedule one step and launch it without waiting. None when nothing can be scheduled now."""
@@ -195,11 +194,44 @@ class LLMEngine:
         is_prefill = any(s.num_scheduled_tokens != 1 or s.num_computed_tokens != s.num_tokens - 1 for s in seqs)
         record = StepRecord(is_prefill, len(seqs), sum(s.num_scheduled_tokens for s in seqs), 0.0, 0.0, 0.0)
         t1 = time.perf_counter()
-        handle = self.model_runner.launch(seqs, is_prefill, self.sampling_hook)
+        try:
+            handle = self.model_runner.launch(seqs, is_prefill, self.sampling_hook)
+        except Exception as e:
+            seqs = self._without_culprits(seqs, is_prefill, e)  # re-raises when no request alone is at fault
+            if not seqs:
+                return None
+            handle = self.model_runner.launch(seqs, is_prefill, self.sampling_hook)
         sampled = self.scheduler.on_launch(seqs)
         record.schedule, record.run = t1 - t0, time.perf_counter() - t1
         needs_history = any(s.sampling_params.needs_history or s.sampling_params.structured_outputs for s in seqs)
         return Launched(seqs, sampled, handle, record, needs_history)
+
+    def _without_culprits(self, seqs: list[Sequence], is_prefill: bool, error: Exception) -> list[Sequence]:
+        """A step failed to launch: fail the requests whose own inputs fail, return the sequences left (or re-raise)."""
+        r, hook = self.model_runner, self.sampling_hook
+        prepare = r.prepare_prefill if is_prefill else r.prepare_decode
+        culprits: dict[str, Exception] = {}
+        for seq in seqs:  # each sequence's step inputs alone, and its sampling inputs (sampling hook)
+            try:
+                prepare([seq])
+                culprits.update(hook.failing_requests([seq], prepare, r.buffers, r.device) if hook else {})
+            except Exception as e:
+                culprits.setdefault(seq.request_id, e)
+        if not culprits or self.workers is not None:  # (TP workers may have started the step: none can be left out)
+            raise error
+        for rid, e in culprits.items():
+            self._fail(rid, f"preparing its step failed: {type(e).__name__}: {e}")
+        return [s for s in seqs if not s.is_finished]
+
+    def _fail(self, request_id: str, message: str) -> None:
+        """End a request on its own error: sequences finish with "error" (the message their stop_reason), blocks
+        freed, their outputs in the next step()'s."""
+        request = self.requests.pop(request_id)
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "error")
+                self.failed.append(EngineOutput(request_id, seq.index, [], "error", message))
+        request.deferred = []
 
     def _finish(self, launched: Launched) -> list[EngineOutput]:
         """Wait for a launched step's tokens, account them (scheduler.postprocess's two halves), and report

@@ -1,7 +1,9 @@
 """Runs the model for one scheduled step (nano-vllm's model_runner.py; notebook 13): builds the model and its KV
-cache, uploads the step's inputs (step_inputs.py), sets the step context with the engine's kernels, runs the model
-(eagerly, or by replaying a decode graph: cuda_graphs.py) and samples on rank 0. Rank 0 also sends each step to
-the tensor-parallel workers (tp_workers.py), which run the same forward. Start-up work: engine/startup/."""
+cache, uploads the step's inputs (step_inputs.py), sets the step context, runs the model (eagerly, or by replaying
+a decode graph: cuda_graphs.py) and samples on rank 0. Rank 0 also sends each step to the tensor-parallel workers
+(tp_workers.py), which run the same forward. The engine's kernels (`kernels.pick`), attention backend and TP group
+are chosen once and given to the model when it is built; a GPU engine's kernels compile beside the load
+(`kernels.begin_compile`, kernels/startup/)."""
 
 import time
 
@@ -16,15 +18,12 @@ from minivllm.engine.sampling_hook import SamplingHook
 from minivllm.engine.sequence import Sequence
 from minivllm.engine.step_handle import StepHandle
 from minivllm.engine.step_inputs import DecodeLayout, InputBuffers, StepInput
-from minivllm.kernels.cpu import linear as cpu_linear
-from minivllm.kernels.cpu import ops as cpu_ops
-from minivllm.kernels.startup import CompileAhead, timed, warmup
 from minivllm.layers import attention_backend
 from minivllm.layers.attention import Attention
 from minivllm.layers.sampler import Sampler
 from minivllm.models.qwen3 import Qwen3ForCausalLM
 from minivllm.utils.context import reset_context, set_context
-from minivllm.utils.dist import destroy_engine_group, engine_group, min_over_ranks, new_engine_group
+from minivllm.utils.dist import destroy_engine_group, min_over_ranks, new_engine_group
 from minivllm.utils.loader import load_model
 
 EMPTY = torch.tensor([])  # an attention layer's cache before the runner gives it one
@@ -50,31 +49,27 @@ class ModelRunner:
         self.device = torch.device("cuda", rank) if config.device == "cuda" else torch.device("cpu")
         self.dtype = config.torch_dtype()
         self.group = self.init_process_group(port)
-        # GPU: FlashAttention-4's prefill kernel and our Triton kernels compile beside the load (engine/startup)
-        self.compile_ahead = CompileAhead.start(config, self.device, self.dtype, rank)
+        # GPU: FlashAttention-4's prefill kernel and our Triton kernels compile beside the load (kernels/startup)
+        self.compile_ahead = kernels.begin_compile(config, self.device, self.dtype, rank)
         try:
-            self.backend = attention_backend.select(self.device, self.dtype, config.attention_backend)
-            self.compile_ahead.backend_chosen(self.backend)
-            self.ops = kernels.pick(self.device, self.dtype, backend=self.backend, options=config.kernels)
-            # FlashAttention-4 compiles one kernel per variant it meets (~3-4 s each), keys fresh or through the page
-            # table being one: with it every prefill reads its keys from the cache, one variant serving them all
-            self.prefill_keys_from_cache = self.backend == "fa4"
+            name = attention_backend.select(self.device, self.dtype, config.attention_backend)
+            self.ops = kernels.pick(self.device, self.dtype, backend=name, options=config.kernels)
+            self.backend = attention_backend.create(name, decode=self.ops.paged_decode)
+            self.prefill_keys_from_cache = self.backend.keys_from_cache
             self.sampler = Sampler(config.seed, self.device, self.ops)
             self.allocate_buffers()
             # seconds per start-up phase; "setup": the GPU's context, the attention backend's import, the buffers
             self.startup_seconds: dict[str, float] = {"setup": time.perf_counter() - start}
-            gpu, ahead = self.device.type == "cuda", self.compile_ahead
-            with engine_group(self.group):  # the layers shard themselves over this engine's group
-                self.timed("load", self.load_model)
-                self.checkpoint("loaded the model")
-                self.timed("triton_compile", ahead.wait_triton, ahead.triton is not None)
-                self.timed("warmup", self.warmup_model, gpu)  # on CPU nothing compiles; its cache has a byte budget
-                self.timed("attention_process", ahead.wait_process, ahead.where == "process")
-                self.timed("kv_cache", self.allocate_kv_cache)
-                self.checkpoint("allocated the KV cache")
-                self.timed("warmup_attention", self.warmup_attention, gpu)
-                self.timed("capture", self.capture_cudagraph, not self.enforce_eager)
-                self.checkpoint("captured the CUDA graphs")
+            gpu = self.device.type == "cuda"
+            self.timed("load", self.load_model)
+            self.checkpoint("loaded the model")
+            self.startup_seconds.update(self.compile_ahead.wait())  # the kernels compiled ahead, before the warm-up
+            self.timed("warmup", self.warmup_model, gpu)  # on CPU nothing compiles; its cache has a byte budget
+            self.timed("kv_cache", self.allocate_kv_cache)
+            self.checkpoint("allocated the KV cache")
+            self.timed("warmup_attention", self.warmup_attention, gpu)
+            self.timed("capture", self.capture_cudagraph, not self.enforce_eager)
+            self.checkpoint("captured the CUDA graphs")
         except BaseException:
             self.compile_ahead.cancel()  # a start-up that fails leaves no helper compiling
             raise
@@ -104,24 +99,28 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
 
     def timed(self, phase: str, fn, run: bool = True) -> None:
-        """Run start-up phase `fn` and record its seconds; a phase this engine skips (`run` false) is not listed."""
+        """Run start-up phase `fn` and record its seconds (its GPU work included); a phase this engine skips (`run`
+        false) is not listed."""
         if run:
-            self.startup_seconds[phase] = timed(fn, self.device)
+            start = time.perf_counter()
+            fn()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.startup_seconds[phase] = time.perf_counter() - start
 
     def load_model(self) -> None:
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         with torch.device(self.device):
-            self.model = Qwen3ForCausalLM(self.config.hf_config)
+            self.model = Qwen3ForCausalLM(
+                self.config.hf_config, ops=self.ops, attn_backend=self.backend, group=self.group
+            )
         torch.set_default_dtype(default_dtype)
         load_model(self.model, self.config.model)
-        if self.device.type == "cpu":
-            if self.config.kernels.cpu_packed_linear:
-                cpu_linear.pack_linears(self.model)  # the weights in oneDNN's layout, once (kernels/cpu/linear.py)
-            cpu_ops.log_choice(self.config.kernels.cpu_ops)  # the C++ operators, or the torch ops
+        for m in self.model.modules():
+            if hasattr(m, "pack_weight"):
+                m.pack_weight()  # the kernel's copy of each weight, once (CPU: oneDNN's layout)
         self.attn_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        for m in self.attn_layers:
-            m.backend = self.backend
 
     def checkpoint(self, phase: str) -> None:
         """Start-up: a worker reports `phase` done; rank 0 waits until every worker has (tp_workers.py)."""
@@ -170,8 +169,7 @@ class ModelRunner:
         graph_sampled = in_graph and (extras is None or hook.is_plain(extras))  # the graph's draw stands
         # sampling hook: rows asking for prompt logprobs (the step's hidden states are kept for them)
         scoring = hook.plan_prompt_logprobs(seqs) if hook and is_prefill else None
-        with engine_group(self.group):
-            logits = self.run_model(inputs, need_logits=not graph_sampled, keep_hidden=scoring is not None)
+        logits = self.run_model(inputs, need_logits=not graph_sampled, keep_hidden=scoring is not None)
         if graph_sampled:
             tokens, logprobs = self.last_sampled[: len(seqs)], None  # the graph sampled them
         elif extras is None:  # prefill, eager or TP: nano-vllm's sampler
@@ -188,12 +186,9 @@ class ModelRunner:
         return handle
 
     @torch.inference_mode()
-    def run_model(
-        self, inp: StepInput, need_logits: bool = True, backend: str | None = None, keep_hidden: bool = False
-    ) -> torch.Tensor | None:
+    def run_model(self, inp: StepInput, need_logits: bool = True, keep_hidden: bool = False) -> torch.Tensor | None:
         """Logits of the last token of each sequence (rank 0; None on the other ranks). A decode graph that
-        samples (one GPU) returns None unless `need_logits`: its tokens are in `last_sampled`. `backend`: this
-        step's attention backend instead of the layers' (the warm-up's)."""
+        samples (one GPU) returns None unless `need_logits`: its tokens are in `last_sampled`."""
         if not inp.is_prefill and not self.enforce_eager:
             return cuda_graphs.replay(self, inp, need_logits)
         t = self.buffers.upload_step(inp)
@@ -209,8 +204,6 @@ class ModelRunner:
             context_lens=t["context_lens"],
             block_tables=t.get("block_tables"),
             num_decode_rows=inp.num_decode_rows,
-            ops=self.ops,
-            attention_backend=backend,
         )
         hidden = self.model(t["input_ids"], t["positions"])
         self.hidden = hidden if keep_hidden else None  # prompt logprobs read every position (prompt_logprobs.py)
@@ -224,15 +217,17 @@ class ModelRunner:
         torch.where(src >= 0, fed, input_ids, out=input_ids)
 
     def warmup_model(self) -> None:
-        warmup.warmup_model(self)  # the largest prefill and sampler (engine/startup/warmup.py)
+        self.compile_ahead.warmup_model(self)  # the largest prefill and sampler (kernels/startup/warmup.py)
 
     def warmup_attention(self) -> None:
-        warmup.warmup_attention(self)  # a prefill over the cache, once the cache is there
+        self.compile_ahead.warmup_attention(self)  # a prefill over the cache, once the cache is there
 
     def allocate_kv_cache(self) -> None:
         block_bytes = kv_block_bytes(self.config, self.dtype)
         gpu = GpuMemory.measure(self.device) if self.device.type == "cuda" else None
-        num_blocks = num_kvcache_blocks(self.config, block_bytes, gpu, agree=lambda n: min_over_ranks(n, self.device))
+        num_blocks = num_kvcache_blocks(
+            self.config, block_bytes, gpu, agree=lambda n: min_over_ranks(n, self.device, self.group)
+        )
         self.config.num_kvcache_blocks = num_blocks
         self.kv_cache = allocate_zeroed(kv_cache_shape(self.config, num_blocks), self.dtype, self.device)
         self.bind_kv_cache(self.kv_cache)

@@ -18,8 +18,8 @@ class EngineOutput:
     request_id: str
     index: int  # which of the request's n sequences
     new_token_ids: list[int]
-    finish_reason: str | None = None  # "stop" (EOS, a stop token, a grammar's end), "length", "abort"; None: runs
-    stop_reason: int | None = None  # the stop token id that ended it (None for EOS)
+    finish_reason: str | None = None  # "stop" (EOS, stop token, grammar's end), "length", "abort", "error"; None: runs
+    stop_reason: int | str | None = None  # the stop token id that ended it (None for EOS); "error": the message
     new_logprobs: list[tuple] | None = None  # per new token (top ids, top logprobs, logprob, rank), when asked
     prompt_logprobs: list[tuple] | None = None  # once, on sequence 0: per prompt token after the first, as above
 

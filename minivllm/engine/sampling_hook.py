@@ -16,9 +16,23 @@ from minivllm.engine.sequence import Sequence
 class SamplingHook(Protocol):
     # --- the engine (llm_engine.py) ---
 
-    def add_request(self, seqs: list[Sequence]) -> None:
-        """A request's sequences are about to be queued: give them what they carry (a grammar's matcher).
-        Raises ValueError naming a request that cannot run (an invalid grammar)."""
+    def add_request(self, request_id: str, seqs: list[Sequence]) -> bool:
+        """A request's sequences are about to be queued. True: they wait out of the scheduler until `ready` names
+        the request (a grammar compiling in a thread)."""
+
+    def ready(self, wait: float = 0.0) -> list[tuple[str, Exception | None]]:
+        """(request id, None) of the waiting requests that may be scheduled now, (request id, error) of those that
+        cannot run; waits up to `wait` seconds for one."""
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests waiting in the hook (not yet in the scheduler)."""
+
+    def shutdown(self) -> None:
+        """The engine exits: drop what is still being prepared."""
+
+    def failing_requests(self, seqs: list[Sequence], prepare_inputs, buffers, device) -> dict[str, Exception]:
+        """A step failed to launch: request id -> the error of each request whose sequences fail alone."""
 
     def prompt_logprobs_rows(self, plan: Any, scored: Any) -> list[tuple[int, int, list[tuple]]]:
         """A step's prompt log-probabilities as (batch row, first prompt token index, rows) per sequence."""

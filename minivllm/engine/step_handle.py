@@ -1,6 +1,11 @@
-"""A launched step (model_runner.py's `launch`): its sampled tokens on their way back to the host."""
+"""A launched step (model_runner.py's `launch`): its sampled tokens on their way back to the host, and what the
+engine (llm_engine.py) keeps of it until they arrive."""
+
+from dataclasses import dataclass
 
 import torch
+
+from minivllm.engine.sequence import Sequence
 
 
 class StepHandle:
@@ -25,3 +30,26 @@ class StepHandle:
             self.event.synchronize()
             tokens = self.host[: self.n].tolist()
         return tokens, self.logprobs.tolists() if self.logprobs is not None else {}
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """Where one step's wall time went (host seconds; `run` includes the GPU work, which it waits for)."""
+
+    is_prefill: bool
+    num_seqs: int
+    num_tokens: int
+    schedule: float
+    run: float
+    postprocess: float
+
+
+@dataclass(slots=True)
+class Launched:
+    """A step launched on the device whose tokens have not been read back yet."""
+
+    seqs: list[Sequence]
+    sampled: list[tuple[Sequence, int]]  # (sequence, position of its PENDING token)
+    handle: StepHandle
+    record: StepRecord
+    needs_history: bool  # a request in it has penalties, bad words or a grammar: finish it before the next launch

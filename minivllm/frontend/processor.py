@@ -46,6 +46,8 @@ class Processor:
         changes = dict(output_kind=output_kind if output_kind is not None else params.output_kind)
         if params.max_tokens is None:
             changes["max_tokens"] = self.max_model_len - len(token_ids)
+        if params.top_k >= self.vocab_size:  # vLLM: a top_k that keeps every token is no limit
+            changes["top_k"] = 0
         params = replace(params, **changes)  # the engine's own copy
         params.bad_words_token_ids = self.bad_words_token_ids(params.bad_words or [])
         return Request(request_id=request_id, prompt=text, prompt_token_ids=token_ids, params=params)

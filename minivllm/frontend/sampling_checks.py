@@ -1,7 +1,10 @@
 """The checks of SamplingParams (sampling_params.py, plain data), run where a request is accepted (the Processor,
 processor.py, for LLM and the server alike; the command line before it loads a model): each bad value is a
 ValueError that names the field; on the way, vLLM's spellings are normalised in place (a stop string to a list,
-top_k -1 to 0, greedy's unused filters)."""
+top_k -1 to 0, greedy's unused filters). Integers are bounded where the engine stores them in fixed-width
+tensors: a seed seeds a torch.Generator (int64, child i of n drawing from seed + i), and `n` is at most vLLM's
+MAX_N. A top_k at or above the vocabulary means no limit, as in vLLM: the processor, which knows the vocabulary,
+turns it off (processor.py)."""
 
 import math
 
@@ -11,6 +14,8 @@ from minivllm.sampling_params import RequestOutputKind
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 GREEDY_EPS = 1e-5  # temperatures below this are greedy (vLLM's _SAMPLING_EPS)
 MAX_LOGIT_BIAS = 100.0  # OpenAI's range: a bias is clamped to [-100, 100]
+MAX_N = 16384  # vLLM's limit of completions per prompt: each is a sequence, its state built when the request is made
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # a seed seeds an int64 generator (vLLM bounds it in its request models)
 
 
 def _is_int(x) -> bool:
@@ -23,8 +28,8 @@ def _is_number(x) -> bool:
 
 def check_sampling_params(sp) -> None:
     """Raise ValueError naming the first field of `sp` with a bad value; normalise the others in place."""
-    if not _is_int(sp.n) or sp.n < 1:
-        raise ValueError(f"n must be an integer >= 1, got {sp.n!r}")
+    if not _is_int(sp.n) or not 1 <= sp.n <= MAX_N:
+        raise ValueError(f"n must be an integer >= 1 and <= {MAX_N} (vLLM's limit), got {sp.n!r}")
     if not _is_number(sp.temperature) or sp.temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {sp.temperature!r}")
     if not _is_number(sp.top_p) or not 0 < sp.top_p <= 1:
@@ -33,8 +38,9 @@ def check_sampling_params(sp) -> None:
         raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {sp.top_k!r}")
     if not _is_number(sp.min_p) or not 0 <= sp.min_p <= 1:
         raise ValueError(f"min_p must be in [0, 1], got {sp.min_p!r}")
-    if sp.seed is not None and not _is_int(sp.seed):
-        raise ValueError(f"seed must be an integer or None, got {sp.seed!r}")
+    if sp.seed is not None and (not _is_int(sp.seed) or not INT64_MIN <= sp.seed <= INT64_MAX - (sp.n - 1)):
+        bounds = f"[{INT64_MIN}, {INT64_MAX - (sp.n - 1)}]"  # child i of n draws from seed + i
+        raise ValueError(f"seed must be an integer or None, within int64 {bounds}, got {sp.seed!r}")
     if sp.max_tokens is not None and (not _is_int(sp.max_tokens) or sp.max_tokens < 1):
         raise ValueError(f"max_tokens must be an integer >= 1, got {sp.max_tokens!r}")  # or None
     if not _is_int(sp.min_tokens) or sp.min_tokens < 0:

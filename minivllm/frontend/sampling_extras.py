@@ -8,7 +8,7 @@ import torch
 
 from minivllm.engine.sequence import Sequence
 from minivllm.frontend import prompt_logprobs
-from minivllm.frontend.sampling_inputs import SamplingInputs, prepare_sampling, sample_tokens
+from minivllm.frontend.sampling_inputs import SamplingInputs, failing_requests, prepare_sampling, sample_tokens
 from minivllm.frontend.structured_outputs.manager import StructuredOutputs
 
 
@@ -20,8 +20,22 @@ class SamplingExtras:
 
     # --- the engine ---
 
-    def add_request(self, seqs: list[Sequence]) -> None:
-        self.structured_outputs.attach(seqs)  # a matcher per sequence (ValueError: an invalid grammar)
+    def add_request(self, request_id: str, seqs: list[Sequence]) -> bool:
+        return self.structured_outputs.submit(request_id, seqs)  # a grammar compiles in a thread meanwhile
+
+    def ready(self, wait: float = 0.0) -> list[tuple[str, Exception | None]]:
+        return self.structured_outputs.ready(wait)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.structured_outputs.pending)
+
+    def shutdown(self) -> None:
+        self.structured_outputs.shutdown()  # grammars still compiling are dropped
+
+    def failing_requests(self, seqs: list[Sequence], prepare_inputs, buffers, device) -> dict[str, Exception]:
+        kw = dict(device=device, eos=self.eos, vocab=self.vocab_size)
+        return failing_requests(seqs, prepare_inputs, buffers, **kw)
 
     def prompt_logprobs_rows(self, plan, scored) -> list[tuple[int, int, list[tuple]]]:
         return prompt_logprobs.split(plan, scored)

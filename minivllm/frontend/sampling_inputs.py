@@ -92,7 +92,7 @@ def prepare_sampling(
     ints = lambda values: to_device(values, torch.int64, device)
     floats = lambda values: to_device(values, torch.float32, device)
     if filtering:
-        out.top_ks = ints([sp.top_k for sp in sps])
+        out.top_ks = ints([min(sp.top_k, vocab) for sp in sps])  # (B,) a top_k beyond the vocabulary keeps all
         if any(sps[i].min_p > 0 for i in extra):
             out.min_ps = floats([sp.min_p for sp in sps])
     banned = [
@@ -116,6 +116,20 @@ def prepare_sampling(
     out.num_logprobs = max((sps[i].logprobs for i in out.logprob_rows), default=0)
     out.grammar = grammar_mask(seqs, vocab, device)  # structured outputs (minivllm/frontend/structured_outputs)
     return out
+
+
+def failing_requests(seqs: list[Sequence], prepare_inputs, buffers: InputBuffers, **kwargs) -> dict[str, Exception]:
+    """The requests whose sequences fail alone: each sequence's step inputs (`prepare_inputs([seq])`) and sampling
+    inputs (prepare_sampling's `kwargs`) prepared as a batch of one; request id -> its first error. The engine asks
+    when a step failed to launch, to end those requests and launch the others (llm_engine.py)."""
+    failing: dict[str, Exception] = {}
+    for seq in seqs:
+        try:
+            prepare_inputs([seq])
+            prepare_sampling([seq], buffers, **kwargs)
+        except Exception as e:
+            failing.setdefault(seq.request_id, e)
+    return failing
 
 
 def logits_edits(seqs: list[Sequence], rows: list[int], device: torch.device) -> LogitsEdits | None:

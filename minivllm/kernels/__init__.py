@@ -1,141 +1,35 @@
 """The kernels an engine runs, chosen once when it starts: `pick(device, dtype, backend=..., options=...)` returns an
-`Ops` table, which the runner puts in every step's context (utils/context.py). A layer's forward is its torch
-definition, or one call through the table: an entry that is None means "the layer's torch definition".
+`Ops` table, which the runner gives to the model when it builds it (`Qwen3ForCausalLM(hf_config, ops=ops, ...)`);
+each layer binds what it needs in its constructor (vLLM's `CustomOp`, tiny-llm's constructor flags): its forward is
+its torch definition, or one call to the kernel it was given. An entry that is None means "the torch definition".
 
 - CUDA: our Triton kernels (`kernels/triton/`) for the norms, SiLU-mul, the fused attention prologue, the KV-cache
   store, paged decode with the flash backends, and the sampler's draw. nano-vllm uses @torch.compile for the small
-  ops; our kernels are no slower on the H200 and every process skips dynamo's import and tracing at start (~2-3 s
-  with a warm cache, ~2 s of inductor per function without). The torch definitions that still run there (RoPE
-  outside the fused prologue) go through torch.compile.
+  ops; our kernels are no slower on a GPU and every process skips dynamo's import and tracing at start (~2-3 s
+  with a warm cache). The torch definitions that still run there (RoPE outside the fused prologue) go through
+  torch.compile (`Ops.bind`).
 - CPU: the C++ operators (`kernels/cpu/`) for the norms, RoPE, SiLU-mul, the store and paged decode when this
   machine has built them, else the torch definitions, eager (inductor's C++ build would cost more than it saves
-  in a short run). `KernelOptions.triton_on_cpu` runs the GPU path's Triton kernels through the interpreter.
+  in a short run); the linear layers through oneDNN with their weights packed once at load.
+  `KernelOptions.triton_on_cpu` runs the GPU path's Triton kernels through the interpreter.
 
 `KernelOptions` (the engine's `Config.kernels`) are measurement and debugging knobs: each turns one kernel family
-off. Tests that need a table of their own pass one (`utils.context.use_ops`), or force what `pick` returns with
-`override` (nanochat's `_override_impl`)."""
-
-from collections.abc import Callable
-from contextlib import contextmanager
-from dataclasses import dataclass, fields
-from functools import partial
+off. A layer built alone gets `TORCH`; a test builds it with another table (`ops=pick(...)`), or forces what `pick`
+returns to the engines it starts with `override` (nanochat's `_override_impl`). `begin_compile` is the GPU start-up's
+seam: the kernels compiled beside the model's load (kernels/startup/)."""
 
 import torch
 
-DECODE_KERNELS = ("triton", "flash")
-ATTENTION_COMPILE = ("auto", "process", "thread", "off")
+from minivllm.kernels.table import TORCH, KernelOptions, Ops, compiled, override, pick
+
+__all__ = ["TORCH", "KernelOptions", "Ops", "begin_compile", "compiled", "override", "pick"]
 
 
-@dataclass(slots=True)
-class KernelOptions:
-    decode_kernel: str = "triton"  # decode attention with a flash backend: "triton" (ours) or "flash" (its own)
-    pdl: bool = True  # programmatic dependent launch between our Triton kernels (Hopper and later; triton/pdl.py)
-    fused_prologue: bool = True  # QK-norm + RoPE + KV-cache write in one Triton kernel (GPU)
-    compile: bool | None = None  # small ops: None our kernels, True torch.compile, False eager torch
-    cpu_packed_linear: bool = True  # CPU: linear layers through oneDNN with weights packed at load (cpu/linear.py)
-    triton_on_cpu: bool = False  # CPU: run the GPU path's Triton kernels interpreted
-    cpu_ops: bool = True  # CPU: norms, RoPE, SiLU-mul, KV store, decode attention in C++ when built (cpu/ops.py)
-    attention_compile: str = "auto"  # GPU start: where FlashAttention-4 compiles (engine/startup/attention_compile.py)
-    triton_compile: bool = (
-        True  # GPU start: our Triton kernels compile side by side on threads (startup/triton_compile)
-    )
+def begin_compile(config, device: torch.device, dtype: torch.dtype, rank: int):
+    """Start compiling, beside the model's load, the kernels the first steps would otherwise compile (a GPU engine:
+    FlashAttention-4's prefill kernel in a helper process or on a thread, our Triton kernels on threads; a CPU
+    engine compiles nothing). Returns a `kernels.startup.CompileAhead`: `wait()` before the warm-up, `cancel()`
+    when the start-up fails."""
+    from minivllm.kernels.startup import CompileAhead
 
-    def __post_init__(self) -> None:
-        if self.decode_kernel not in DECODE_KERNELS:
-            raise ValueError(f"unknown decode kernel {self.decode_kernel!r}; choose from {DECODE_KERNELS}")
-        if self.attention_compile not in ATTENTION_COMPILE:
-            raise ValueError(f"unknown attention_compile {self.attention_compile!r}; choose from {ATTENTION_COMPILE}")
-        for f in fields(self):
-            if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
-                raise ValueError(f"kernel option {f.name} must be True or False, got {getattr(self, f.name)!r}")
-        if self.compile not in (None, True, False):
-            raise ValueError(f"kernel option compile must be None, True or False, got {self.compile!r}")
-
-    @classmethod
-    def of(cls, value: "KernelOptions | dict | None") -> "KernelOptions":
-        """Options from a KernelOptions, a dict of its fields (unknown names raise) or None (the defaults)."""
-        if isinstance(value, cls):
-            return value
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(value or {}) - names)
-        if unknown:
-            raise ValueError(f"unknown kernel option(s) {unknown}; the options are {sorted(names)}")
-        return cls(**(value or {}))
-
-
-@dataclass(frozen=True, slots=True)
-class Ops:
-    """One engine's kernels. Signatures are the torch definitions' (layers/): None = run that definition."""
-
-    name: str = "torch"
-    compile: bool = False  # the torch definitions the layers run go through torch.compile (utils/compile.py)
-    rms_norm: Callable | None = None  # (x, weight, eps) -> y
-    add_rms_norm: Callable | None = None  # (x, residual, weight, eps) -> (y, x + residual)
-    silu_and_mul: Callable | None = None  # (N, 2I) -> (N, I)
-    rotary: Callable | None = None  # (positions, q, k, cos_sin_cache) -> (q, k)
-    store_kvcache: Callable | None = None  # (key, value, k_cache, v_cache, slot_mapping) -> None
-    attention_prologue: Callable | None = None  # QK-norm, RoPE and the store in one kernel (triton/attention_prologue)
-    paged_decode: Callable | None = None  # (q, k_cache, v_cache, context_lens, block_tables, scale); None: backend's
-    draw: Callable | None = None  # (logits, temperatures, seed, out) -> tokens: the sampler's draw (triton/sampler)
-
-
-TORCH = Ops()  # the torch definitions everywhere: what a layer runs outside an engine's step
-
-_override_impl: Ops | None = None  # tests: what `pick` returns instead of its choice (see `override`)
-
-
-def pick(
-    device: torch.device | str,
-    dtype: torch.dtype = torch.float32,
-    *,
-    backend: str = "torch",
-    options: KernelOptions | None = None,
-) -> Ops:
-    """The kernels of an engine on `device` running `dtype` with attention `backend` (layers/attention_backend.py)."""
-    if _override_impl is not None:
-        return _override_impl
-    options = options or KernelOptions()
-    device = torch.device(device)
-    cuda = device.type == "cuda"
-    triton = cuda or options.triton_on_cpu  # our Triton kernels take this device's tensors
-    ours = options.compile is None  # the small ops: our kernels, unless torch.compile or eager torch is asked for
-    cpp = None
-    if not cuda and options.cpu_ops and ours:
-        from minivllm.kernels.cpu import ops as cpp_ops
-
-        cpp = cpp_ops if cpp_ops.loaded() else None
-    table = dict(
-        name="+".join(n for n, on in (("triton", triton), ("c++", cpp is not None)) if on) or "torch",
-        compile=options.compile if options.compile is not None else cuda,
-    )
-    if cpp is not None:
-        names = ("rms_norm", "add_rms_norm", "silu_and_mul", "rotary", "store_kvcache")
-        table.update({name: getattr(cpp, name) for name in names})
-    if triton:  # before the C++ ones where both exist (triton_on_cpu)
-        from minivllm.kernels.triton import activation, attention_prologue, layernorm, sampler, store_kvcache
-
-        table.update(store_kvcache=store_kvcache.store_kvcache, draw=sampler.inverse_cdf_sample)
-        if ours:
-            table.update(rms_norm=layernorm.rms_norm, add_rms_norm=layernorm.add_rms_norm)
-            table.update(silu_and_mul=activation.silu_and_mul)
-        if options.fused_prologue:
-            table.update(attention_prologue=partial(attention_prologue.attention_prologue, use_pdl=options.pdl))
-    if backend in ("fa4", "flash_attn") and options.decode_kernel == "triton":
-        from minivllm.kernels.triton.paged_decode import paged_decode
-
-        table.update(paged_decode=partial(paged_decode, use_pdl=options.pdl))
-    elif backend == "torch" and cpp is not None:
-        table.update(paged_decode=cpp.checked_paged_decode)
-    return Ops(**table)
-
-
-@contextmanager
-def override(ops: Ops):
-    """`with override(ops): ...`: every `pick` in the block returns `ops` (tests; engines started in the block
-    keep it after)."""
-    global _override_impl
-    old, _override_impl = _override_impl, ops
-    try:
-        yield ops
-    finally:
-        _override_impl = old
+    return CompileAhead.start(config, device, dtype, rank)

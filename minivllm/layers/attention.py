@@ -4,13 +4,16 @@ query per sequence). Notebook 08 builds it; notebook 07 the online softmax the k
 
 The layer owns the cache write on both of its paths: `forward(q, k, v)` stores k/v itself (nano-vllm's
 path), and `forward_fused(qkv, ...)` runs the fused prologue kernel (QK-norm, RoPE and the store in one
-launch, GPU), so the model never touches the cache or the step context. The store, the prologue and the
-decode kernel are the engine's (the step context's kernel table, minivllm/kernels)."""
+launch, GPU), so the model never touches the cache or the step context. The store and the prologue are the
+engine's kernels (minivllm/kernels), the attention calls its backend's (layers/attention_backend.py), both given
+at construction."""
 
 import torch
 from torch import nn
 
-from minivllm.layers import attention_backend
+from minivllm.kernels.table import TORCH, Ops
+from minivllm.layers.attention_backend import TorchBackend
+from minivllm.layers.attention_metadata import AttentionBackend
 from minivllm.utils.context import Context, get_context
 
 
@@ -29,27 +32,32 @@ def store_kvcache_torch(
 
 
 class Attention(nn.Module):
-    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        scale: float,
+        num_kv_heads: int,
+        *,
+        ops: Ops = TORCH,
+        backend: AttentionBackend | None = None,
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.scale = scale
         self.num_kv_heads = num_kv_heads
         self.k_cache = self.v_cache = torch.tensor([])  # (num_blocks, block_size, kv_heads, head_dim), the runner's
-        self.backend: str | None = None  # set by the runner (Config.attention_backend); None: fastest available
+        self.backend = backend or TorchBackend()  # the engine's (one object shared by its layers)
+        self.store = ops.store_kvcache or store_kvcache_torch
+        self.prologue = ops.attention_prologue  # QK-norm, RoPE and the store in one kernel, or None (GPU)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # q: (N, num_heads, head_dim), k/v: (N, num_kv_heads, head_dim) -> (N, num_heads, head_dim)
         context = get_context()
         if self.k_cache.numel() and self.v_cache.numel():
-            store = context.ops.store_kvcache or store_kvcache_torch
-            store(k, v, self.k_cache, self.v_cache, context.slot_mapping)
+            self.store(k, v, self.k_cache, self.v_cache, context.slot_mapping)
         return self.attend(q, k, v, context)
-
-    @staticmethod
-    def fuses_prologue() -> bool:
-        """The engine's kernels do QK-norm, RoPE and the cache write in one (`forward_fused`)."""
-        return get_context().ops.attention_prologue is not None
 
     def forward_fused(
         self,
@@ -62,7 +70,7 @@ class Attention(nn.Module):
         """From the QKV projection's output (N, (H + 2 Hkv) * D): QK-norm (when given), RoPE and the cache
         write in one kernel (kernels/triton/attention_prologue.py), then attention -> (N, num_heads, head_dim)."""
         context = get_context()
-        q, k, v = context.ops.attention_prologue(
+        q, k, v = self.prologue(
             qkv,
             positions,
             cos_sin_cache,
@@ -80,34 +88,30 @@ class Attention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: Context) -> torch.Tensor:
         """Attention for this step, the new K/V already in the cache."""
-        backend = context.attention_backend or self.backend or attention_backend.select(q.device, q.dtype)
+        backend = self.backend
         if context.is_prefill:
             if context.block_tables is not None:  # keys come from the cache: q is shorter than k
-                return self.attend_paged(backend, q, context)
-            return attention_backend.prefill(backend, q, k, v, context.cu_seqlens_q, context.max_seqlen_q, self.scale)
-        return self.decode(backend, q, context.context_lens, self.tables(backend, context), context)
+                return self.attend_paged(q, context)
+            return backend.prefill(q, k, v, context.cu_seqlens_q, context.max_seqlen_q, self.scale)
+        tables = backend.tables(context)
+        return backend.decode(q, self.k_cache, self.v_cache, context.context_lens, tables, self.scale)
 
-    def decode(self, backend: str, q: torch.Tensor, context_lens, block_tables, context: Context) -> torch.Tensor:
-        """One query per sequence: our decode kernel when the engine has one, else the backend's."""
-        if context.ops.paged_decode:
-            return context.ops.paged_decode(q, self.k_cache, self.v_cache, context_lens, block_tables, self.scale)
-        return attention_backend.decode(backend, q, self.k_cache, self.v_cache, context_lens, block_tables, self.scale)
-
-    def attend_paged(self, backend: str, q: torch.Tensor, context: Context) -> torch.Tensor:
+    def attend_paged(self, q: torch.Tensor, context: Context) -> torch.Tensor:
         """A prefill over the cache -> (N, H, D). Its first `num_decode_rows` rows (sequences that decode while
         others prefill: one query each) run the decode kernel, the rest the prefill kernel."""
-        d, tables = context.num_decode_rows, self.tables(backend, context)
-        k_cache, v_cache = self.k_cache, self.v_cache
+        backend, d = self.backend, context.num_decode_rows
         if d:
-            decoded = self.decode(backend, q[:d], context.context_lens[:d], tables[:d], context)
+            tables = backend.tables(context)
+            decoded = backend.decode(
+                q[:d], self.k_cache, self.v_cache, context.context_lens[:d], tables[:d], self.scale
+            )
             if d == q.shape[0]:  # every row has one query
                 return decoded
-        rows = context.prefill_rows(tables)
-        out = attention_backend.prefill_paged(
-            backend,
+        rows = backend.prefill_rows(context)
+        out = backend.prefill_paged(
             q[d:],
-            k_cache,
-            v_cache,
+            self.k_cache,
+            self.v_cache,
             cu_seqlens_q=rows.cu_seqlens_q,
             cu_seqlens_k=rows.cu_seqlens_k,
             max_seqlen_q=context.max_seqlen_q,  # the step's longest: a bound for any of its rows
@@ -117,9 +121,3 @@ class Attention(nn.Module):
             scale=self.scale,
         )
         return torch.cat([decoded, out]) if d else out  # (d + rest, H, D)
-
-    @staticmethod
-    def tables(backend: str, context: Context) -> torch.Tensor:
-        """The flash kernels read every table entry: they get the -1 padding mapped to block 0, made once per
-        step (not once per layer); the torch path checks the -1 padded tables itself."""
-        return context.block_tables if backend == "torch" else context.page_table()

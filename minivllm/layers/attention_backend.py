@@ -1,68 +1,58 @@
-"""Which attention kernels run: one decision point, overridable for tests (nanochat's habit).
+"""Which attention kernels run: one decision point (`select`), and the backend as an object (`create`).
 
-- "flash_attn": the flash-attn package (FA2), nano-vllm's two calls;
-- "fa4": FlashAttention-4 (`flash_attn.cute`), on SM90+ (the H200);
-- "torch": plain torch over the same paged cache, on any device (CPU users and CI).
-An engine asks `select(device, dtype, Config.attention_backend)` once: a name forces that backend, None
-picks the fastest available. The runner hands the answer to each Attention layer, so two engines in one
-process can use different backends.
+- "flash_attn": the flash-attn package (FA2), nano-vllm's two calls (layers/flash_attention.py);
+- "fa4": FlashAttention-4 (`flash_attn.cute`), on SM90 and later (layers/flash_attention.py);
+- "torch": plain torch over the same paged cache, on any device, CPU users and CI (layers/torch_attention.py).
+An engine asks `select(device, dtype, Config.attention_backend)` once: a name forces that backend, None picks the
+fastest available. The runner builds that backend's object and the model gives it to each Attention layer at
+construction, so two engines in one process can use different backends.
 
-Decode with the flash backends runs our Triton kernel instead of theirs (kernels/triton/paged_decode.py:
-GQA-grouped, split-KV for small batches; the engine's kernel table holds it) unless the `decode_kernel` kernel
-option asks for the backend's own; on CPU the C++ one when built."""
+A backend object has the three calls the layer makes (`prefill`, `prefill_paged`, `decode`) and the metadata they
+read, made once per step (layers/attention_metadata.py). Decode with the flash backends runs our Triton kernel
+instead of theirs (kernels/triton/paged_decode.py: GQA-grouped, split-KV for small batches) unless the
+`decode_kernel` kernel option asks for the backend's own; on CPU the C++ one when built: the engine's kernel table
+holds it and the runner passes it as `decode`."""
 
-import os
-import warnings
-from functools import lru_cache
+from collections.abc import Callable
 
 import torch
 
 from minivllm.layers import torch_attention
-from minivllm.utils.default_model import cache_root
+from minivllm.layers.attention_metadata import AttentionBackend
+from minivllm.layers.flash_attention import FA4_MIN_SEQLEN_Q, FA4Backend, FlashAttnBackend, _fa2, _fa4, fa4_cache_env
 
 BACKENDS = ("flash_attn", "fa4", "torch")
-
-# FlashAttention-4 compiles a separate kernel when every sequence's queries fit in one tile of rows (up to 256
-# on any GPU it supports, GQA heads packed in): its `max_seqlen_q` is an upper bound used for the grid, so
-# prefill passes at least this many and short prefills run the same kernel as long ones (model_runner.py).
-FA4_MIN_SEQLEN_Q = 257
+__all__ = ["BACKENDS", "FA4_MIN_SEQLEN_Q", "TorchBackend", "available", "create", "fa4_cache_env", "select"]
 
 
-@lru_cache(None)
-def _fa2():
-    try:
-        from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
+class TorchBackend(AttentionBackend):
+    """Plain torch over the paged cache: -1 padded block tables, checked (layers/torch_attention.py)."""
 
-        return flash_attn_varlen_func, flash_attn_with_kvcache
-    except ImportError:
-        return None
+    name = "torch"
+
+    def __init__(self, decode: Callable | None = None) -> None:
+        super().__init__(decode)
+        self.gathers: dict = {}  # the last decode gather, shared by the engine's layers (torch_attention.decode_gather)
+
+    def prefill(self, q, k, v, cu_seqlens, max_seqlen: int, scale: float) -> torch.Tensor:
+        """Fresh K/V, packed by cu_seqlens: q (N, H, D), k/v (N, Hkv, D) -> (N, H, D)."""
+        return torch_attention.varlen_attention(q, k, v, cu_seqlens, scale)
+
+    def prefill_paged(self, q, k_cache, v_cache, *, cu_seqlens_q, context_lens, block_tables, scale, **_):
+        """Queries are the new tokens, keys come from the cache through block_tables (S, M) int32 (a prefix hit, a
+        later chunk) -> (N, H, D). The flash backends also take cu_seqlens_k, max_seqlen_q and max_seqlen_k."""
+        return torch_attention.paged_prefill_attention(
+            q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale
+        )
+
+    def own_decode(self, q, k_cache, v_cache, context_lens, block_tables, scale: float) -> torch.Tensor:
+        """One query per sequence: q (B, H, D) -> (B, H, D)."""
+        return torch_attention.paged_decode_attention(
+            q, k_cache, v_cache, context_lens, block_tables, scale, self.gathers
+        )
 
 
-def fa4_cache_env() -> None:
-    """FlashAttention-4 compiles each kernel variant on first use (4-6 s on a bare machine); its own on-disk
-    cache keeps them for the next process. Off by default upstream: on here unless the user set it. Read when
-    it is imported, so set before (engine/startup's helper process inherits it)."""
-    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
-    os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", os.path.join(cache_root(), "flash_attention_cute"))
-
-
-@lru_cache(None)
-def _fa4():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
-        return None
-    fa4_cache_env()
-    try:
-        from flash_attn.cute import flash_attn_varlen_func
-
-        return flash_attn_varlen_func
-    except Exception as e:  # not installed, or installed without its CUTLASS libraries (a RuntimeError)
-        if not isinstance(e, ImportError):
-            warnings.warn(
-                f"FlashAttention-4 is installed but does not import ({type(e).__name__}: {e}); "
-                "using the other attention backends",
-                stacklevel=2,
-            )
-        return None
+CLASSES = {"torch": TorchBackend, "flash_attn": FlashAttnBackend, "fa4": FA4Backend}
 
 
 def available(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> list[str]:
@@ -83,104 +73,8 @@ def select(device: torch.device | str, dtype: torch.dtype = torch.bfloat16, name
     return name
 
 
-# --- the three calls the Attention layer makes -------------------------------------------------------
-
-
-def prefill(backend: str, q, k, v, cu_seqlens, max_seqlen: int, scale: float) -> torch.Tensor:
-    """Fresh K/V, packed by cu_seqlens: q (N, H, D), k/v (N, Hkv, D) -> (N, H, D)."""
-    if backend == "fa4":
-        return _fa4()(
-            q,
-            k,
-            v,
-            cu_seqlens_q=cu_seqlens,
-            cu_seqlens_k=cu_seqlens,
-            max_seqlen_q=max_seqlen,
-            max_seqlen_k=max_seqlen,
-            softmax_scale=scale,
-            causal=True,
-        )[0]
-    if backend == "flash_attn":
-        return _fa2()[0](
-            q,
-            k,
-            v,
-            cu_seqlens_q=cu_seqlens,
-            cu_seqlens_k=cu_seqlens,
-            max_seqlen_q=max_seqlen,
-            max_seqlen_k=max_seqlen,
-            softmax_scale=scale,
-            causal=True,
-        )
-    return torch_attention.varlen_attention(q, k, v, cu_seqlens, scale)
-
-
-def prefill_paged(
-    backend: str,
-    q,
-    k_cache,
-    v_cache,
-    *,
-    cu_seqlens_q,
-    cu_seqlens_k,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    context_lens,
-    block_tables,
-    scale: float,
-) -> torch.Tensor:
-    """Queries are the new tokens, keys come from the cache through block tables (prefix hit / chunk).
-    block_tables (S, M) int32: the torch backend takes -1 padding; the flash kernels read every entry and
-    need valid block ids there (the layer passes `Context.page_table()`, padding mapped to block 0)."""
-    if backend == "fa4":
-        return _fa4()(
-            q,
-            k_cache,
-            v_cache,
-            cu_seqlens_q=cu_seqlens_q,
-            max_seqlen_q=max(max_seqlen_q, FA4_MIN_SEQLEN_Q),  # a bound: more is only a hint, see below
-            seqused_k=context_lens,
-            page_table=block_tables,
-            softmax_scale=scale,
-            causal=True,
-        )[0]
-    if backend == "flash_attn":
-        return _fa2()[0](
-            q,
-            k_cache,
-            v_cache,
-            cu_seqlens_q=cu_seqlens_q,
-            cu_seqlens_k=cu_seqlens_k,
-            max_seqlen_q=max_seqlen_q,
-            max_seqlen_k=max_seqlen_k,
-            softmax_scale=scale,
-            causal=True,
-            block_table=block_tables,
-        )
-    return torch_attention.paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale)
-
-
-def decode(backend: str, q, k_cache, v_cache, context_lens, block_tables, scale: float) -> torch.Tensor:
-    """The backend's own decode, one query per sequence: q (B, H, D) -> (B, H, D). block_tables as in
-    prefill_paged."""
-    if backend == "fa4":
-        return _fa4()(
-            q.unsqueeze(1),
-            k_cache,
-            v_cache,
-            seqused_k=context_lens,
-            page_table=block_tables,
-            softmax_scale=scale,
-            causal=True,
-        )[0].squeeze(1)
-    if backend == "flash_attn":
-        return _fa2()[1](
-            q.unsqueeze(1),
-            k_cache,
-            v_cache,
-            cache_seqlens=context_lens,
-            block_table=block_tables,
-            softmax_scale=scale,
-            causal=True,
-        ).squeeze(1)
-    return torch_attention.paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale)
+def create(name: str = "torch", decode: Callable | None = None) -> AttentionBackend:
+    """The backend `name`'s object (`select` says which can run here); `decode` replaces its own decode."""
+    if name not in CLASSES:
+        raise ValueError(f"unknown attention backend {name!r}; choose from {BACKENDS}")
+    return CLASSES[name](decode)

@@ -1,13 +1,21 @@
 """The parallel Linear family (notebook 04): Column shards the output dim, Row shards the input
-dim and all_reduces; QKV and Merged are Column layers that pack several HF weights into one matrix.
-Each parameter carries a `weight_loader(param, loaded_weight[, shard_id])` that the loader calls."""
+dim and all_reduces over the engine's TP group (`group`, given at construction; None: one rank); QKV and Merged
+are Column layers that pack several HF weights into one matrix. Each parameter carries a
+`weight_loader(param, loaded_weight[, shard_id])` that the loader calls. The matmul is `F.linear`, or the
+engine's kernel (`ops.linear`: on CPU through a weight packed once after the load, `pack_weight`)."""
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
-from minivllm.kernels.cpu import linear as cpu_linear
+from minivllm.kernels.table import TORCH, Ops
 from minivllm.utils.dist import divide, tp_rank, tp_size
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed=None) -> torch.Tensor:
+    """x (..., in) -> (..., out): the torch definition (`packed` is the kernel's, unused here)."""
+    return F.linear(x, weight, bias)
 
 
 def _check_shape(param: nn.Parameter, loaded: torch.Tensor, what: str) -> None:
@@ -27,11 +35,21 @@ def _check_split(loaded: torch.Tensor, dim: int, shard_size: int, tp: int, what:
 
 
 class LinearBase(nn.Module):
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, tp_dim: int | None = None) -> None:
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        tp_dim: int | None = None,
+        *,
+        ops: Ops = TORCH,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
         super().__init__()
         self.tp_dim = tp_dim
-        self.tp_rank = tp_rank()
-        self.tp_size = tp_size()
+        self.group = group
+        self.tp_rank = tp_rank(group)
+        self.tp_size = tp_size(group)
         self.weight = nn.Parameter(torch.empty(output_size, input_size))
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -39,14 +57,20 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
-        self.packed_weight: torch.Tensor | None = None  # CPU: the weight in oneDNN's layout (kernels/cpu/linear.py)
+        self.packed_weight: torch.Tensor | None = None  # the kernel's copy of the weight (CPU: oneDNN's layout)
+        self._linear, self._pack = ops.linear or linear, ops.pack_linear
+
+    def pack_weight(self) -> bool:
+        """After the load: the kernel's copy of the weight, where the engine's kernel has one; whether it has."""
+        self.packed_weight = self._pack(self.weight) if self._pack else None
+        return self.packed_weight is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.weight.shape[1]:
             raise ValueError(
                 f"{type(self).__name__}: input last dim {x.shape[-1]} != in_features {self.weight.shape[1]}"
             )
-        return cpu_linear.linear(x, self.weight, self.bias, self.packed_weight)
+        return self._linear(x, self.weight, self.bias, self.packed_weight)
 
 
 class ReplicatedLinear(LinearBase):
@@ -58,8 +82,17 @@ class ReplicatedLinear(LinearBase):
 class ColumnParallelLinear(LinearBase):
     """y[:, shard] = x @ W[shard].T: each rank holds output rows [rank * n, (rank + 1) * n)."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
-        super().__init__(input_size, divide(output_size, tp_size(), "output size"), bias, tp_dim=0)
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        *,
+        ops: Ops = TORCH,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        output_size = divide(output_size, tp_size(group), "output size")
+        super().__init__(input_size, output_size, bias, tp_dim=0, ops=ops, group=group)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         shard_size = param.data.size(self.tp_dim)
@@ -72,9 +105,17 @@ class ColumnParallelLinear(LinearBase):
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column layers side by side (gate_proj, up_proj); integer shard ids index output_sizes."""
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: list[int],
+        bias: bool = False,
+        *,
+        ops: Ops = TORCH,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
         self.output_sizes = output_sizes
-        super().__init__(input_size, sum(output_sizes), bias)
+        super().__init__(input_size, sum(output_sizes), bias, ops=ops, group=group)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: int) -> None:
         shard_offset = sum(self.output_sizes[:loaded_shard_id]) // self.tp_size
@@ -95,13 +136,17 @@ class QKVParallelLinear(ColumnParallelLinear):
         total_num_heads: int,
         total_num_kv_heads: int | None = None,
         bias: bool = False,
+        *,
+        ops: Ops = TORCH,
+        group: dist.ProcessGroup | None = None,
     ) -> None:
         total_num_kv_heads = total_num_kv_heads or total_num_heads
+        tp = tp_size(group)
         self.head_size = head_size
-        self.num_heads = divide(total_num_heads, tp_size(), "number of attention heads")
-        self.num_kv_heads = divide(total_num_kv_heads, tp_size(), "number of KV heads")
+        self.num_heads = divide(total_num_heads, tp, "number of attention heads")
+        self.num_kv_heads = divide(total_num_kv_heads, tp, "number of KV heads")
         output_size = (total_num_heads + 2 * total_num_kv_heads) * head_size
-        super().__init__(hidden_size, output_size, bias)
+        super().__init__(hidden_size, output_size, bias, ops=ops, group=group)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: str) -> None:
         q_size, kv_size = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
@@ -117,8 +162,17 @@ class QKVParallelLinear(ColumnParallelLinear):
 class RowParallelLinear(LinearBase):
     """y = sum over ranks of x[:, shard] @ W[:, shard].T: partial sums, then one all_reduce."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
-        super().__init__(divide(input_size, tp_size(), "input size"), output_size, bias, tp_dim=1)
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        *,
+        ops: Ops = TORCH,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
+        input_size = divide(input_size, tp_size(group), "input size")
+        super().__init__(input_size, output_size, bias, tp_dim=1, ops=ops, group=group)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         if param.data.dim() == 2:
@@ -134,7 +188,7 @@ class RowParallelLinear(LinearBase):
                 f"RowParallelLinear: input last dim {x.shape[-1]} != in_features shard {self.weight.shape[1]}"
             )
         bias = self.bias if self.tp_rank == 0 else None  # bias once, on rank 0
-        y = cpu_linear.linear(x, self.weight, bias, self.packed_weight)
+        y = self._linear(x, self.weight, bias, self.packed_weight)
         if self.tp_size > 1:
-            dist.all_reduce(y)
+            dist.all_reduce(y, group=self.group)
         return y

@@ -1,13 +1,12 @@
-"""Rotary position embedding, neox half-split style, one cos/sin cache shared by all layers
-(notebook 02)."""
+"""Rotary position embedding, neox half-split style, one cos/sin cache shared by all layers (notebook 02): the
+torch definition, or the engine's kernel for it, bound at construction (minivllm/kernels)."""
 
 from functools import lru_cache
 
 import torch
 from torch import nn
 
-from minivllm.utils.compile import compiled
-from minivllm.utils.context import get_context
+from minivllm.kernels.table import TORCH, Ops
 
 
 def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -17,8 +16,16 @@ def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     return torch.cat((y1, y2), dim=-1).to(x.dtype)
 
 
+def rotary(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, cos_sin_cache: torch.Tensor):
+    # positions: (N,), query: (N, num_heads, head_dim), key: (N, num_kv_heads, head_dim)
+    cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)  # 2 x (N, 1, head_dim / 2)
+    return apply_rotary_emb(query, cos, sin), apply_rotary_emb(key, cos, sin)
+
+
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_size: int, rotary_dim: int, max_position_embeddings: int, base: float) -> None:
+    def __init__(
+        self, head_size: int, rotary_dim: int, max_position_embeddings: int, base: float, *, ops: Ops = TORCH
+    ) -> None:
         super().__init__()
         if rotary_dim != head_size:
             raise ValueError(
@@ -30,18 +37,10 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.einsum("i,j->ij", t, inv_freq)  # (max_pos, rotary_dim / 2)
         cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)  # (max_pos, rotary_dim)
         self.register_buffer("cos_sin_cache", cache.unsqueeze_(1), persistent=False)  # (max_pos, 1, rotary_dim)
+        self._rotary = ops.bind(ops.rotary, rotary, token_args=3)
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
-        # positions: (N,), query: (N, num_heads, head_dim), key: (N, num_kv_heads, head_dim)
-        ops = get_context().ops
-        return (
-            ops.rotary(positions, query, key, self.cos_sin_cache) if ops.rotary else self.rotate(positions, query, key)
-        )
-
-    @compiled
-    def rotate(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
-        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)  # 2 x (N, 1, head_dim / 2)
-        return apply_rotary_emb(query, cos, sin), apply_rotary_emb(key, cos, sin)
+        return self._rotary(positions, query, key, self.cos_sin_cache)  # (N, heads, D), (N, kv_heads, D)
 
 
 def rope_theta_of(config) -> float:
@@ -63,20 +62,32 @@ def rope_scaling_of(config) -> dict | None:
 
 
 def get_rope(
-    head_size: int, rotary_dim: int, max_position: int, base: float, rope_scaling: tuple | None = None
+    head_size: int,
+    rotary_dim: int,
+    max_position: int,
+    base: float,
+    rope_scaling: tuple | None = None,
+    *,
+    ops: Ops = TORCH,
 ) -> RotaryEmbedding:
-    """One RotaryEmbedding (one cos/sin table) shared by every layer of a model. Cached per device too,
-    so a model built on another device does not get (or move) this one's table."""
-    return _get_rope(head_size, rotary_dim, max_position, base, rope_scaling, torch.get_default_device())
+    """One RotaryEmbedding (one cos/sin table) shared by every layer of a model. Cached per device and kernel
+    table too, so a model built on another device or with other kernels does not get (or move) this one's."""
+    return _get_rope(head_size, rotary_dim, max_position, base, rope_scaling, torch.get_default_device(), ops)
 
 
 @lru_cache(1)
 def _get_rope(
-    head_size: int, rotary_dim: int, max_position: int, base: float, rope_scaling: tuple | None, device: torch.device
+    head_size: int,
+    rotary_dim: int,
+    max_position: int,
+    base: float,
+    rope_scaling: tuple | None,
+    device: torch.device,
+    ops: Ops,
 ) -> RotaryEmbedding:
     if rope_scaling is not None:
         raise NotImplementedError(f"rope scaling {dict(rope_scaling)} is not implemented (only plain RoPE)")
-    return RotaryEmbedding(head_size, rotary_dim, max_position, base)
+    return RotaryEmbedding(head_size, rotary_dim, max_position, base, ops=ops)
 
 
 get_rope.cache_clear = _get_rope.cache_clear

@@ -10,7 +10,7 @@ number per row, not one per logit (kernels/triton/sampler.py)."""
 import torch
 from torch import nn
 
-from minivllm.kernels import TORCH, Ops
+from minivllm.kernels.table import TORCH, Ops
 
 
 def check_sampling_tensors(
@@ -71,7 +71,7 @@ class Sampler(nn.Module):
 
     def __init__(self, seed: int = 0, device: torch.device | str = "cpu", ops: Ops = TORCH) -> None:
         super().__init__()
-        self.ops = ops
+        self.draw = ops.draw  # the kernels' draw (GPU), bound when the engine builds its sampler; None: the race
         seed_tensor = torch.tensor([seed], dtype=torch.int64, device=device)
         self.register_buffer("seed", seed_tensor, persistent=False)  # the kernels'
         self.generator = torch.Generator(device=device).manual_seed(seed)
@@ -107,7 +107,7 @@ class Sampler(nn.Module):
             # temperature first, then the filters (vLLM's and HF's order: the nucleus of softmax(logits / T))
             logits = filter_top_k_top_p(logits / t[:, None], top_ks, top_ps, min_ps)
             temperatures = (temperatures > 0).to(logits.dtype)  # already scaled; 0 stays greedy
-        if self.ops.draw:  # the kernels read any float dtype as is
+        if self.draw is not None:  # the kernels read any float dtype as is
             tokens = self.draw_kernels(logits, temperatures)
         else:
             tokens = exponential_race(logits.float(), temperatures, self.generator)
@@ -118,4 +118,4 @@ class Sampler(nn.Module):
     def draw_kernels(self, logits: torch.Tensor, temperatures: torch.Tensor, out: torch.Tensor | None = None):
         if self.seed.device != logits.device:
             self.seed = self.seed.to(logits.device)
-        return self.ops.draw(logits, temperatures, self.seed, out)
+        return self.draw(logits, temperatures, self.seed, out)

@@ -3,7 +3,6 @@ FlashAttention backends are checked against. Same inputs and layout as FlashAtte
 caches (num_blocks, block_size, num_kv_heads, head_dim), block tables (num_seqs, max_blocks) int32 padded
 with -1, causal masks aligned bottom-right (the last query sees every key), GQA by head groups."""
 
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -178,9 +177,9 @@ def paged_prefill_attention(
 class DecodeGather:
     """The cache rows decode attention reads, and which of them each sequence may see: a function of the
     context lengths, the block tables and the cache's block count and size alone. Every layer of a step passes
-    the same ones (only its cache differs), so the first layer builds this and the others find it (two
-    torch.equal, ~1 us each) instead of ~15 small ops (~45 us on CPU): bench.py --cpu's engine (SmolLM2, 30
-    layers x 64 decode steps) ~10% faster in bf16, ~5% in fp32."""
+    the same ones (only its cache differs), so the first layer builds this and the others find it in their
+    backend's `cache` (two torch.equal, ~1 us each) instead of ~15 small ops (~45 us on CPU): bench.py --cpu's
+    engine (SmolLM2, 30 layers x 64 decode steps) ~10% faster in bf16, ~5% in fp32."""
 
     context_lens: torch.Tensor  # (B,) int32, the values it was built from (a copy, on CPU)
     block_tables: torch.Tensor  # (B, M) int32, likewise
@@ -196,22 +195,21 @@ class DecodeGather:
         )
 
 
-_last_gather = threading.local()  # one entry per thread, as the step context (a cache of a pure function)
-
-
 def decode_gather(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     context_lens: torch.Tensor,
     block_tables: torch.Tensor,
+    cache: dict[str, DecodeGather] | None = None,
 ) -> DecodeGather:
-    """The rows to gather for these context lengths and tables: the last ones built if their inputs are equal
-    (CPU only: a GPU would sync to compare, and a CUDA graph cannot), else new ones. Shapes checked each call."""
+    """The rows to gather for these context lengths and tables: the last ones built (kept in `cache`, the
+    backend's) if their inputs are equal (CPU only: a GPU would sync to compare, and a CUDA graph cannot), else
+    new ones. Shapes checked each call."""
     check_decode_shapes(q, k_cache, v_cache, context_lens, block_tables)
     cache_blocks = (num_blocks, block_size) = tuple(k_cache.shape[:2])
-    cpu = q.device.type == "cpu"
-    last = getattr(_last_gather, "value", None) if cpu else None
+    cpu = q.device.type == "cpu" and cache is not None
+    last = cache.get("gather") if cpu else None
     if last is not None and last.fits(context_lens, block_tables, cache_blocks):
         return last
     width = block_tables.shape[1] * block_size  # keys the tables can reach: no host sync (a CUDA graph may hold this)
@@ -225,7 +223,7 @@ def decode_gather(
     g = DecodeGather(context_lens, block_tables, cache_blocks, slots, mask[:, None, None, :])
     if cpu:
         g.context_lens, g.block_tables = context_lens.clone(), block_tables.clone()  # the values, for `fits`
-        _last_gather.value = g
+        cache["gather"] = g
     return g
 
 
@@ -236,9 +234,11 @@ def paged_decode_attention(
     context_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
+    cache: dict[str, DecodeGather] | None = None,
 ) -> torch.Tensor:
-    """Decode, batched: q (B, H, D), one query per sequence over its context_lens[b] cached keys -> (B, H, D)."""
-    g = decode_gather(q, k_cache, v_cache, context_lens, block_tables)
+    """Decode, batched: q (B, H, D), one query per sequence over its context_lens[b] cached keys -> (B, H, D).
+    `cache`: where the last gather is kept between calls (decode_gather), or None."""
+    g = decode_gather(q, k_cache, v_cache, context_lens, block_tables, cache)
     rows, shape = g.slots.flatten(), (*g.slots.shape, *k_cache.shape[2:])  # (B * L,), (B, L, Hkv, D)
     # index_select copies whole rows (Hkv * D values each); advanced indexing `cache[slots]` went value by value
     k = k_cache.flatten(0, 1).index_select(0, rows).view(shape)  # (B, L, Hkv, D)

@@ -1,12 +1,16 @@
 """Qwen3 (notebook 10), and with the same classes Qwen2 (q/k/v bias, no QK-norm) and Llama
 (no bias, no QK-norm). forward stops at the hidden state; compute_logits is separate so a CUDA graph can
-end before the LM head."""
+end before the LM head. What the engine chose is given at construction and passed down to each layer: its
+kernels (`ops`, minivllm/kernels), its attention backend (`attn_backend`) and its TP process group (`group`)."""
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
+from minivllm.kernels.table import TORCH, Ops
 from minivllm.layers.activation import SiluAndMul
 from minivllm.layers.attention import Attention
+from minivllm.layers.attention_metadata import AttentionBackend
 from minivllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minivllm.layers.layernorm import RMSNorm
 from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -43,9 +47,13 @@ class Qwen3Attention(nn.Module):
         rope_theta: float,
         rope_scaling: tuple | None,
         o_bias: bool = False,
+        *,
+        ops: Ops = TORCH,
+        attn_backend: AttentionBackend | None = None,
+        group: dist.ProcessGroup | None = None,
     ) -> None:
         super().__init__()
-        tp = tp_size()
+        tp = tp_size(group)
         self.total_num_heads = num_heads
         self.num_heads = divide(num_heads, tp, "number of attention heads")
         self.total_num_kv_heads = num_kv_heads
@@ -55,18 +63,22 @@ class Qwen3Attention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         self.scaling = self.head_dim**-0.5
         self.qkv_bias = qkv_bias
-        self.qkv_proj = QKVParallelLinear(hidden_size, self.head_dim, num_heads, num_kv_heads, bias=qkv_bias)
-        self.o_proj = RowParallelLinear(num_heads * self.head_dim, hidden_size, bias=o_bias)
-        self.rotary_emb = get_rope(self.head_dim, self.head_dim, max_position, rope_theta, rope_scaling)
-        self.attn = Attention(self.num_heads, self.head_dim, self.scaling, self.num_kv_heads)
+        self.qkv_proj = QKVParallelLinear(
+            hidden_size, self.head_dim, num_heads, num_kv_heads, bias=qkv_bias, ops=ops, group=group
+        )
+        self.o_proj = RowParallelLinear(num_heads * self.head_dim, hidden_size, bias=o_bias, ops=ops, group=group)
+        self.rotary_emb = get_rope(self.head_dim, self.head_dim, max_position, rope_theta, rope_scaling, ops=ops)
+        self.attn = Attention(
+            self.num_heads, self.head_dim, self.scaling, self.num_kv_heads, ops=ops, backend=attn_backend
+        )
         self.qk_norm = qk_norm
         if qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, eps=rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, eps=rms_norm_eps)
+            self.q_norm = RMSNorm(self.head_dim, eps=rms_norm_eps, ops=ops)
+            self.k_norm = RMSNorm(self.head_dim, eps=rms_norm_eps, ops=ops)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)  # (N, q_size + 2 kv_size)
-        if self.attn.fuses_prologue():  # the engine has QK-norm, RoPE and the KV-cache write in one kernel
+        if self.attn.prologue is not None:  # the engine has QK-norm, RoPE and the KV-cache write in one kernel
             q_norm, k_norm = (self.q_norm, self.k_norm) if self.qk_norm else (None, None)
             o = self.attn.forward_fused(qkv, positions, self.rotary_emb.cos_sin_cache, q_norm, k_norm)
             return self.o_proj(o.flatten(1, -1))
@@ -83,20 +95,38 @@ class Qwen3Attention(nn.Module):
 
 
 class Qwen3MLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        hidden_act: str,
+        *,
+        ops: Ops = TORCH,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
         super().__init__()
         if hidden_act != "silu":
             raise ValueError(f"unsupported activation {hidden_act!r}: only silu (SwiGLU)")
-        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
-        self.act_fn = SiluAndMul()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, ops=ops, group=group)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, ops=ops, group=group)
+        self.act_fn = SiluAndMul(ops=ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))  # (N, H) -> (N, 2I) -> (N, I) -> (N, H)
 
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, config, qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
+    def __init__(
+        self,
+        config,
+        qkv_bias: bool,
+        o_bias: bool,
+        qk_norm: bool,
+        *,
+        ops: Ops = TORCH,
+        attn_backend: AttentionBackend | None = None,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
         super().__init__()
         self.self_attn = Qwen3Attention(
             hidden_size=config.hidden_size,
@@ -110,10 +140,13 @@ class Qwen3DecoderLayer(nn.Module):
             rope_theta=rope_theta_of(config),
             rope_scaling=(lambda s: tuple(sorted(s.items())) if s else None)(rope_scaling_of(config)),
             o_bias=o_bias,
+            ops=ops,
+            attn_backend=attn_backend,
+            group=group,
         )
-        self.mlp = Qwen3MLP(config.hidden_size, config.intermediate_size, config.hidden_act)
-        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = Qwen3MLP(config.hidden_size, config.intermediate_size, config.hidden_act, ops=ops, group=group)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, ops=ops)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, ops=ops)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None):
         if residual is None:
@@ -127,13 +160,24 @@ class Qwen3DecoderLayer(nn.Module):
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, config, qkv_bias: bool, o_bias: bool, qk_norm: bool) -> None:
+    def __init__(
+        self,
+        config,
+        qkv_bias: bool,
+        o_bias: bool,
+        qk_norm: bool,
+        *,
+        ops: Ops = TORCH,
+        attn_backend: AttentionBackend | None = None,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, group=group)
+        built = dict(ops=ops, attn_backend=attn_backend, group=group)  # the engine's choices, for every layer
         self.layers = nn.ModuleList(
-            [Qwen3DecoderLayer(config, qkv_bias, o_bias, qk_norm) for _ in range(config.num_hidden_layers)]
+            [Qwen3DecoderLayer(config, qkv_bias, o_bias, qk_norm, **built) for _ in range(config.num_hidden_layers)]
         )
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, ops=ops)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden_states = self.embed_tokens(input_ids)  # (N, hidden)
@@ -154,14 +198,21 @@ class Qwen3ForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", 1),
     }
 
-    def __init__(self, config) -> None:
+    def __init__(
+        self,
+        config,
+        *,
+        ops: Ops = TORCH,
+        attn_backend: AttentionBackend | None = None,
+        group: dist.ProcessGroup | None = None,
+    ) -> None:
         super().__init__()
         self.architecture = architecture_of(config)
         qkv_bias, o_bias, qk_norm = (
             getattr(config, "attention_bias", False) if b is None else b for b in ARCHITECTURES[self.architecture]
         )
-        self.model = Qwen3Model(config, qkv_bias, o_bias, qk_norm)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.model = Qwen3Model(config, qkv_bias, o_bias, qk_norm, ops=ops, attn_backend=attn_backend, group=group)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, ops=ops, group=group)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head.weight.data = self.model.embed_tokens.weight.data  # one storage for both

@@ -35,7 +35,7 @@ from minivllm.frontend.processor import Processor
 from minivllm.llm import LLM
 from minivllm.sampling_params import SamplingParams
 from minivllm.serve.core_client import AsyncMPClient
-from minivllm.serve.messages import EngineDeadError, SchedulerStats
+from minivllm.serve.messages import EngineDeadError, RequestFailedError, SchedulerStats
 from minivllm.serve.output_collector import RequestOutputCollector
 
 MAX_STEP_LOG = 100_000  # a server runs for days: keep the step log's tail only
@@ -121,7 +121,9 @@ class AsyncLLM:
         """The scheduler's gauges (read from another thread: a moment's snapshot)."""
         s = self.engine.scheduler
         free, total = s.block_manager.num_free_blocks, max(1, len(s.block_manager.blocks))
-        return SchedulerStats(len(s.running) + len(s.finishing), len(s.waiting), 1 - free / total, s.num_preemptions)
+        hook = self.engine.sampling_hook
+        waiting = len(s.waiting) + (hook.num_waiting if hook is not None else 0)  # (grammars compiling: waiting too)
+        return SchedulerStats(len(s.running) + len(s.finishing), waiting, 1 - free / total, s.num_preemptions)
 
     # --- the engine thread ----------------------------------------------------------------------------------
 
@@ -191,7 +193,8 @@ class AsyncLLM:
             target = self.streams.get(output.request_id)
             if target is None:
                 continue
-            by_loop.setdefault(target[0], []).append((target[1], output))
+            failed = [c.stop_reason for c in output.outputs if c.finish_reason == "error"]  # (llm_engine.py: _fail)
+            by_loop.setdefault(target[0], []).append((target[1], RequestFailedError(failed[0]) if failed else output))
             if output.finished:
                 del self.streams[output.request_id]
         for loop, items in by_loop.items():

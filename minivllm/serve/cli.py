@@ -35,7 +35,30 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
         help="close idle keep-alive connections after this long (default 60; uvicorn's 5 s can lose a request "
         "when a kernel compiling in the engine stalls the server, see openai_server.py)",
     )
+    p.add_argument("--api-key", nargs="+", metavar="KEY", help="tokens /v1 requests must carry (env VLLM_API_KEY)")
+    json_list = lambda text: _json_list(p, text)
+    p.add_argument("--allowed-origins", type=json_list, default=["*"], help='CORS origins, JSON (default ["*"])')
+    p.add_argument("--allowed-methods", type=json_list, default=["*"], help='CORS methods, JSON (default ["*"])')
+    p.add_argument("--allowed-headers", type=json_list, default=["*"], help='CORS headers, JSON (default ["*"])')
+    p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    p.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="accept a chat template a request brings (chat_template); else such a request is a 400",
+    )
     return p.parse_args(argv)
+
+
+def _json_list(p: argparse.ArgumentParser, text: str) -> list[str]:
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        p.error(f'expected a JSON list of strings such as ["*"], got {text!r}')
+    return value
 
 
 ENGINE_ARGS = (
@@ -72,7 +95,18 @@ def serve_main(argv: list[str]) -> int:
         return fail(f"--timeout-keep-alive must be > 0 seconds, got {args.timeout_keep_alive}")
     if not port_free(args.host, args.port):  # before the engine takes its seconds to start
         return fail(f"cannot listen on {args.host}:{args.port}: the address is in use or not available")
+    from minivllm.serve.messages import EngineDeadError
     from minivllm.serve.openai_server import run_server  # FastAPI and uvicorn: only when serving
+    from minivllm.serve.server_options import ServerOptions
+
+    options = ServerOptions.from_env(
+        api_keys=args.api_key or [],
+        allowed_origins=args.allowed_origins,
+        allowed_methods=args.allowed_methods,
+        allowed_headers=args.allowed_headers,
+        allow_credentials=args.allow_credentials,
+        trust_request_chat_template=args.trust_request_chat_template,
+    )
 
     name = args.served_model_name or args.model or DEFAULT_NAME
     if args.model is None:
@@ -88,8 +122,12 @@ def serve_main(argv: list[str]) -> int:
             served_model_name=name,
             log_level=args.log_level,
             timeout_keep_alive=args.timeout_keep_alive,
+            options=options,
             **engine_args,
         )
+    except EngineDeadError as e:  # the core died while serving: exit non-zero, for a supervisor to restart us
+        print(f"minivllm serve: {e}", file=sys.stderr)
+        return 1
     except (OSError, ValueError, TypeError, RuntimeError) as e:  # a bad checkpoint, a TP worker that died
         return fail(str(e))
     return 0

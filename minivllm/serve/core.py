@@ -11,9 +11,11 @@ streams of the step before.
 The core does no text work: the engine emits token ids (EngineOutput), sent as they are; the API server's
 output processor detokenises, finds stop strings (and tells the core to end a sequence that hit one), and makes
 the RequestOutputs, with the same code as `LLM`. The core exits when asked (Shutdown), on SIGTERM, or when the
-API server that started it is gone; on the way out it stops the engine and its tensor-parallel workers."""
+API server that started it is gone; on the way out it stops the engine and its tensor-parallel workers, and, when
+the API server is gone, removes the directory of their IPC sockets (which the API server removes otherwise)."""
 
 import os
+import shutil
 import signal
 
 import torch
@@ -52,7 +54,9 @@ class EngineCore:
         s = self.engine.scheduler
         bm = s.block_manager
         usage = 1.0 - bm.num_free_blocks / max(1, len(bm.blocks))
-        return m.SchedulerStats(len(s.running) + len(s.finishing), len(s.waiting), usage, s.num_preemptions)
+        hook = self.engine.sampling_hook
+        waiting = len(s.waiting) + (hook.num_waiting if hook is not None else 0)  # (grammars compiling: waiting too)
+        return m.SchedulerStats(len(s.running) + len(s.finishing), waiting, usage, s.num_preemptions)
 
     def reset_prefix_cache(self) -> bool:
         return self.engine.reset_prefix_cache()
@@ -92,8 +96,10 @@ def run_engine_core(model: str, engine_args: dict, input_address: str, output_ad
     finally:
         engine.exit()
         inp.close(linger=0)
-        out.close(linger=2000)
+        out.close(linger=0 if os.getppid() != parent_pid else 2000)
         ctx.term()
+        if os.getppid() != parent_pid:  # the API server died (killed): nobody else removes the sockets' directory
+            shutil.rmtree(os.path.dirname(input_address.removeprefix("ipc://")), ignore_errors=True)
 
 
 def loop(core: EngineCore, inp: zmq.Socket, out: zmq.Socket, enc, dec, parent_pid: int) -> None:

@@ -88,12 +88,16 @@ class AsyncMPClient:
     async def _stream(self, request: Request):
         rid = request.request_id
         queue = RequestOutputCollector(request.params.output_kind)  # merges DELTA outputs a slow consumer has not taken
+        try:
+            add = m.AddRequest.make(rid, request.prompt_token_ids, request.params)
+        except RecursionError:  # e.g. a JSON schema nested hundreds deep: pickle cannot carry it
+            raise ValueError("structured_outputs: nested too deeply to send to the engine") from None
         with self.lock:
             if self.closed:
                 raise EngineDeadError(f"the engine is not running: {self.error!r}")
             self.output_processor.add_request(request)  # (ValueError: the id is in use)
             self.streams[rid] = (asyncio.get_running_loop(), queue)
-            self.core.send(m.AddRequest.make(rid, request.prompt_token_ids, request.params))
+            self.core.send(add)
         async with aclosing(queue.outputs(abort=lambda: self.abort(rid))) as outputs:  # aborts at once
             async for output in outputs:
                 yield output
@@ -178,7 +182,10 @@ class AsyncMPClient:
                 target = self.streams.get(output.request_id)
                 if target is None:
                     continue
-                by_loop.setdefault(target[0], []).append((target[1], output))
+                failed = [c.stop_reason for c in output.outputs if c.finish_reason == "error"]  # (llm_engine: _fail)
+                by_loop.setdefault(target[0], []).append(
+                    (target[1], m.RequestFailedError(failed[0]) if failed else output)
+                )
                 if output.finished:
                     del self.streams[output.request_id]
             if stopped:

@@ -30,6 +30,10 @@ class EngineDeadError(RuntimeError):
     """The engine (its thread or its process) stopped on an error or was shut down: no request can be served."""
 
 
+class RequestFailedError(RuntimeError):
+    """The engine could not run this request (an error of its own, finish_reason "error"): it alone fails (a 500)."""
+
+
 # --- to the core ----------------------------------------------------------------------------------------
 
 

@@ -1,10 +1,10 @@
 """An OpenAI-compatible HTTP server over the async engine (vLLM's `vllm serve`; FastAPI + uvicorn):
 GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions, the last two also streaming
 (`"stream": true`: server-sent events, one `data: {chunk}` per step with new tokens, then `data: [DONE]`), and
-vLLM's POST /reset_prefix_cache (for benchmarks), GET /metrics (Prometheus, metrics.py), POST /tokenize,
-POST /detokenize, GET /version. `run_server` (what `minivllm serve` runs) puts the engine core in a process
-of its own (engine/core_client.py); tokenising, chat templates and detokenising prompts run in a pool of
-processes (tokenizer_pool.py): the event loop does HTTP, JSON and SSE only, so /health answers at once
+vLLM's POST /reset_prefix_cache (for benchmarks; only with VLLM_SERVER_DEV_MODE=1), GET /metrics (Prometheus,
+metrics.py), POST /tokenize, POST /detokenize, GET /version. `run_server` (what `minivllm serve` runs) puts the
+engine core in a process of its own (core_client.py); tokenising, chat templates and detokenising prompts run in
+a pool of processes (tokenizer_pool.py): the event loop does HTTP, JSON and SSE only, so /health answers at once
 while a 5 MB prompt is tokenised.
 
 Each HTTP request becomes one engine request per prompt (their `n` sequences are the choices); their
@@ -12,7 +12,9 @@ outputs are merged into one response. Bad input is a 400 with OpenAI's error bod
 "type", "param", "code"}}, and nothing is queued. A client that disconnects cancels its handler, which
 closes its streams, which aborts its requests (async_llm.py): their blocks are freed at the next step.
 SIGINT / SIGTERM abort every request first (streams end with finish_reason "abort"), then uvicorn closes
-the connections and the engine stops with its TP workers (`run_server`)."""
+the connections and the engine stops with its TP workers (`run_server`); a dead engine core stops the server too
+(launcher.py). Every error, FastAPI's own included, is in OpenAI's shape (http_errors.py); API keys, CORS, request
+chat templates and the development endpoints are the operator's options (server_options.py)."""
 
 import asyncio
 import signal
@@ -23,16 +25,19 @@ from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from minivllm.frontend.inputs import is_token_ids
+from minivllm.frontend.sampling_checks import MAX_N
 from minivllm.serve.async_llm import AsyncLLM, EngineDeadError
+from minivllm.serve.http_errors import add_error_handlers, error_response
+from minivllm.serve.launcher import Server
 from minivllm.serve.metrics import ServerMetrics
 from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
-from minivllm.serve.responses import ChatCompletions, Completions, error_response
+from minivllm.serve.responses import ChatCompletions, Completions
+from minivllm.serve.server_options import ServerOptions, add_middleware, request_chat_template
 from minivllm.serve.serving_utils import BadRequest, bad_request, until_disconnect
-from minivllm.serve.tokenizer_pool import TokenizerPool
+from minivllm.serve.tokenizer_pool import TokenizerPool, WorkerDiedError
 from minivllm.serve.tokens import add_token_routes
 from minivllm.utils.dist import free_port
 
@@ -47,8 +52,12 @@ TIMEOUT_KEEP_ALIVE = 60.0
 # --- pieces of the responses -------------------------------------------------------------------------------
 
 
-def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) -> FastAPI:
-    """The FastAPI app serving `llm` as `served_model_name`; with `owns_engine`, its shutdown stops the engine."""
+def build_app(
+    llm: AsyncLLM, served_model_name: str, owns_engine: bool = False, options: ServerOptions | None = None
+) -> FastAPI:
+    """The FastAPI app serving `llm` as `served_model_name`; with `owns_engine`, its shutdown stops the engine.
+    `options`: keys, CORS, trust and dev mode (server_options.py; None: vLLM's defaults and environment)."""
+    options = options if options is not None else ServerOptions.from_env()
     max_model_len = llm.max_model_len
     tokens = TokenizerPool(llm.model, max_model_len, tokenizer=llm.tokenizer_dir)
     metrics = ServerMetrics(llm, served_model_name)
@@ -62,40 +71,39 @@ def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) 
             await asyncio.to_thread(llm.shutdown)
 
     app = FastAPI(title="minivllm", lifespan=lifespan)
-    add_token_routes(app, tokens, served_model_name)
+    app.state.tokens = tokens  # (its workers: what /health reports on)
+    add_error_handlers(app)
+    add_middleware(app, options)
+    add_token_routes(app, tokens, served_model_name, options.trust_request_chat_template)
 
     def generate(prompt_ids: list[int], sp, rid: str, streaming: bool):
         return metrics.observe(llm.generate({"prompt_token_ids": prompt_ids}, sp, rid), streaming)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0]
-        if first["type"] == "json_invalid":
-            return error_response(f"malformed JSON body: {first.get('ctx', {}).get('error', first['msg'])}")
-        loc = [str(x) for x in first["loc"] if x != "body"]
-        param = loc[0] if loc else None
-        where = ".".join(loc) or "request body"
-        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-        return error_response(f"{where}: {first['msg']}{more}", param)
 
     def check(body: SamplingFields) -> None:
         if body.model is not None and body.model != served_model_name:
             raise BadRequest(
                 f"The model `{body.model}` does not exist (this server serves `{served_model_name}`)", "model", 404
             )
+        if body.stream_options is not None and not body.stream:  # vLLM's rule
+            raise BadRequest("stream_options can only be set when stream is true", "stream_options")
 
     @app.get("/health")
     async def health() -> Response:
-        return Response(status_code=200) if llm.is_running else error_response("the engine stopped", status=503)
+        if not llm.is_running:
+            return error_response("the engine stopped", status=503)
+        if not tokens.healthy:
+            return error_response("the tokenizer workers cannot be restarted", status=503)
+        return Response(status_code=200)
 
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.post("/reset_prefix_cache")
-    async def reset_prefix_cache() -> dict:  # vLLM's (benchmarks start each run with a cold cache)
-        return dict(reset=await llm.reset_prefix_cache())
+    if options.dev_mode:  # vLLM's development endpoint (benchmarks start each run with a cold cache)
+
+        @app.post("/reset_prefix_cache")
+        async def reset_prefix_cache() -> dict:
+            return dict(reset=await llm.reset_prefix_cache())
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -115,12 +123,14 @@ def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) 
             if not prompts:
                 raise BadRequest("prompt must not be empty", "prompt")
             sp = body.sampling_params(body.max_tokens, body.logprobs)
+            if len(prompts) * sp.n > MAX_N:  # n's bound holds for the sequences of the whole request
+                raise BadRequest(f"{len(prompts)} prompts x n {sp.n} sequences exceed {MAX_N} in one request", "prompt")
             rid = f"cmpl-{uuid.uuid4().hex}"
             ids = [await tokens.encode(p) if isinstance(p, str) else p for p in prompts]  # off the event loop
             streams = [generate(p, sp, f"{rid}-{i}", bool(body.stream)) for i, p in enumerate(ids)]
         except (ValueError, TypeError) as e:
             return bad_request(e)
-        except EngineDeadError as e:
+        except (EngineDeadError, WorkerDiedError) as e:
             return error_response(str(e), status=500)
         echo = [p if isinstance(p, str) else await tokens.decode(p) for p in prompts] if body.echo else None
         run = Completions(body, rid, served_model_name, streams, echo, tokenizer=llm.tokenizer)
@@ -136,7 +146,12 @@ def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) 
                 raise BadRequest("tools are not supported", "tools")
             if body.top_logprobs is not None and not body.logprobs:
                 raise BadRequest("top_logprobs needs logprobs set to true", "top_logprobs")
+            trusted = options.trust_request_chat_template
+            if refused := request_chat_template(body.chat_template, body.chat_template_kwargs, trusted):
+                raise BadRequest(refused, "chat_template")
             kwargs = dict(body.chat_template_kwargs or {})
+            if body.chat_template is not None:
+                kwargs["chat_template"] = body.chat_template
             if body.continue_final_message:
                 kwargs["continue_final_message"] = True
             try:  # the template and the tokenizer off the event loop
@@ -149,7 +164,7 @@ def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) 
             streams = [generate(ids, sp, rid, bool(body.stream))]
         except (ValueError, TypeError) as e:
             return bad_request(e, "messages")
-        except EngineDeadError as e:
+        except (EngineDeadError, WorkerDiedError) as e:
             return error_response(str(e), status=500)
         run = ChatCompletions(body, rid, served_model_name, streams, None)
         if body.stream:
@@ -159,19 +174,6 @@ def build_app(llm: AsyncLLM, served_model_name: str, owns_engine: bool = False) 
     return app
 
 
-class Server(uvicorn.Server):
-    """uvicorn's server; on SIGINT / SIGTERM it first aborts every request, so that streams end at once
-    (finish_reason "abort") and the graceful shutdown does not wait for long generations."""
-
-    def __init__(self, config: uvicorn.Config, llm: AsyncLLM) -> None:
-        super().__init__(config)
-        self.llm = llm
-
-    def handle_exit(self, sig, frame) -> None:
-        self.llm.abort_all()
-        super().handle_exit(sig, frame)
-
-
 def run_server(
     model: str,
     host: str = "127.0.0.1",
@@ -179,13 +181,14 @@ def run_server(
     served_model_name: str | None = None,
     log_level: str = "info",
     timeout_keep_alive: float = TIMEOUT_KEEP_ALIVE,
+    options: ServerOptions | None = None,
     **engine_args,
 ) -> None:
     """Serve until SIGINT / SIGTERM; then the requests are aborted, the connections closed, the engine core
     process and its TP workers stopped, and this returns (uvicorn re-raises the signal it caught: it finds a
-    no-op here)."""
+    no-op here). If the engine core dies, the server stops and this raises EngineDeadError (launcher.py)."""
     llm = AsyncLLM(model, multiprocess=True, **engine_args)
-    app = build_app(llm, served_model_name or model, owns_engine=True)
+    app = build_app(llm, served_model_name or model, owns_engine=True, options=options)
     config = uvicorn.Config(
         app,
         host=host,
@@ -195,23 +198,34 @@ def run_server(
         timeout_graceful_shutdown=10,
     )
     previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
+    server = Server(config, llm)
     try:
-        Server(config, llm).run()
+        server.run()
     finally:
         llm.shutdown()  # (done already by the app's shutdown, unless uvicorn failed to start)
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if server.engine_died:
+        raise EngineDeadError(f"the engine core died ({llm.error}): the server stopped, for its supervisor to restart")
 
 
 class ServerThread:
     """The server in a background thread of this process, for tests and notebooks:
     `with ServerThread(llm, "name") as server: server.url`. The engine stays the caller's."""
 
-    def __init__(self, llm: AsyncLLM, served_model_name: str, host: str = "127.0.0.1", port: int | None = None):
+    def __init__(
+        self,
+        llm: AsyncLLM,
+        served_model_name: str,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        options: ServerOptions | None = None,
+    ):
         self.port = port or free_port()
         self.url = f"http://{host}:{self.port}"
+        self.app = build_app(llm, served_model_name, options=options)
         config = uvicorn.Config(
-            build_app(llm, served_model_name),
+            self.app,
             host=host,
             port=self.port,
             log_level="warning",

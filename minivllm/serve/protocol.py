@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from minivllm.frontend.sampling_checks import INT64_MAX, INT64_MIN
 from minivllm.frontend.structured_outputs import StructuredOutputsParams
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -82,7 +83,7 @@ class SamplingFields(StructuredOutputsFields):
     top_p: float | None = None
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)  # vLLM's bound: it seeds an int64 generator
     stop: str | list[str] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -190,6 +191,7 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict | None = None
+    chat_template: str | None = None  # refused unless --trust-request-chat-template (server_options.py)
     tools: list | None = None  # refused when given
 
     def conversation(self) -> list[dict]:

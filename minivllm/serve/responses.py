@@ -4,6 +4,7 @@ every response, `stop_reason`, logprobs as OpenAI lays them out for completions 
 logprobs first with `echo`, and `echo` with max_tokens 0 answering the prompt scored)."""
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -12,14 +13,21 @@ import msgspec
 from fastapi.responses import JSONResponse
 
 from minivllm.frontend.outputs import CompletionOutput, RequestOutput
+from minivllm.serve.http_errors import error_body, error_response
 from minivllm.serve.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs_part
-from minivllm.serve.messages import EngineDeadError
+from minivllm.serve.messages import EngineDeadError, RequestFailedError
+
+logger = logging.getLogger("minivllm.serve")
 
 
-def error_response(message: str, param: str | None = None, status: int = 400) -> JSONResponse:
-    kinds = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
-    kind = kinds[status]
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
+def failure(e: Exception) -> tuple[str | None, int]:
+    """(param, status) of an error that ended a request's streams: 400 when the engine refused the request, 500
+    when it failed it or died (EngineDeadError, RequestFailedError); anything else is logged, it is a bug."""
+    if isinstance(e, ValueError):
+        return None, 400
+    if not isinstance(e, (EngineDeadError, RequestFailedError)):
+        logger.error("a request's stream failed", exc_info=e)
+    return None, 500
 
 
 _json = msgspec.json.Encoder()  # a chunk's JSON several times faster than json.dumps (one chunk per token)
@@ -130,8 +138,8 @@ class Completions:
             results: dict[int, RequestOutput] = {}
             async for i, output in merge(self.streams):
                 results[i] = output
-        except EngineDeadError as e:
-            return error_response(str(e), status=500)
+        except Exception as e:  # the engine died, refused the request (400) or failed it (500)
+            return error_response(str(e), *failure(e))
         choices = []
         for i in sorted(results):
             self.count(i, results[i], True)
@@ -162,8 +170,8 @@ class Completions:
                         usage=usage(self.prompt_tokens, self.completion_tokens),
                     )
                 )
-        except EngineDeadError as e:
-            yield sse({"error": {"message": str(e), "type": "InternalServerError", "param": None, "code": 500}})
+        except Exception as e:  # the stream has begun: the error is its last event
+            yield sse(error_body(str(e), *failure(e)))
         yield sse("[DONE]")
 
     def chunks(self, i: int, output: RequestOutput, first: bool) -> list[dict]:

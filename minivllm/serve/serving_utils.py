@@ -6,8 +6,8 @@ import asyncio
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from minivllm.serve.http_errors import error_response
 from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest
-from minivllm.serve.responses import error_response
 
 FIELDS = set(CompletionRequest.model_fields) | set(ChatCompletionRequest.model_fields) | {"logprobs", "top_k"}
 

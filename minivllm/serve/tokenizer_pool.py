@@ -1,93 +1,207 @@
 """Tokenising, chat templates and detokenising off the server's event loop: a small pool of processes, each
-with its own copy of the tokenizer (vLLM's front end keeps this work off its loop too).
+with its own copy of the tokenizer (vLLM's front end keeps this work off its loop too), supervised.
 
 Why processes and not threads: the fast tokenizer releases the GIL while it splits the text, but turning
 its ids into a Python list holds it; a 5 MB prompt (~4 million ids) on two cores kept the loop from running
 for ~0.5 s in a thread, ~9 s inline. In another process nothing of it touches the loop's GIL, and a prompt
-longer than the model can take is refused there: its ids never travel back."""
+longer than the model can take is refused there: its ids never travel back.
+
+Why not concurrent.futures' process pool: one worker killed (as the kernel's out-of-memory killer does) breaks
+that pool for good, and fails every job of every worker. Here each worker has a thread of the server that hands it
+one job at a time over a pipe and waits for the answer or for the worker's death: a dead worker fails only the job
+it held (WorkerDiedError: a 500) and is started again; the others go on. `healthy` is False only while a worker
+cannot be started again (/health answers 503)."""
 
 import asyncio
-import concurrent.futures
+import logging
 import multiprocessing as mp
 import os
+import pickle
+import queue
 import threading
 import time
+from dataclasses import dataclass
+from multiprocessing.connection import wait
 
-from minivllm.utils.process_name import TOKENIZER, set_process_name
+from minivllm.serve.tokenizer_worker import serve_jobs
 
-_tokenizer = None  # the worker process's own
-
-
-def _load(model: str, tokenizer: str, parent: int) -> None:
-    global _tokenizer
-    from transformers import AutoConfig
-
-    from minivllm.checkpoint import load_tokenizer
-
-    set_process_name(TOKENIZER)
-    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
-    _tokenizer = load_tokenizer(tokenizer, AutoConfig.from_pretrained(model))
+logger = logging.getLogger("minivllm.serve")
+START_TIMEOUT = 300.0  # a worker imports transformers and loads the tokenizer
 
 
-def _exit_with(parent: int) -> None:
-    """A worker blocked in its queue does not notice a killed server: it leaves once its parent is gone."""
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(0)
+class WorkerDiedError(RuntimeError):
+    """The tokenizer worker that held this job died (it is being replaced; the job is lost)."""
 
 
-def _fits(ids: list[int], max_model_len: int) -> list[int]:
-    from minivllm.frontend.processor import no_room  # the engine's words: the server names the field from them
-
-    if len(ids) >= max_model_len:
-        raise ValueError(no_room(len(ids), max_model_len))
-    return ids
-
-
-def _encode(text: str, max_model_len: int, add_special_tokens: bool) -> list[int]:
-    return _fits(_tokenizer.encode(text, add_special_tokens=add_special_tokens), max_model_len)
+@dataclass(slots=True)
+class Job:
+    name: str
+    args: tuple
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
 
 
-def _chat(conversation: list[dict], add_generation_prompt: bool, kwargs: dict, max_model_len: int) -> list[int]:
-    from minivllm.frontend.inputs import render_chat
+class Worker:
+    """One worker process and the server thread that feeds it jobs and replaces it when it dies."""
 
-    prompt = render_chat(_tokenizer, conversation, add_generation_prompt, **kwargs)
-    return _fits(_tokenizer.encode(prompt, add_special_tokens=False), max_model_len)  # the template wrote them
+    def __init__(self, pool: "TokenizerPool", index: int) -> None:
+        self.pool, self.index = pool, index
+        self.process = self.conn = None
+        self.ready = threading.Event()  # the first start finished (well or not)
+        self.broken = False  # the last start failed
+        self.restarts = 0
+        self.holding: Job | None = None  # the job its process works on now
+        self.thread = threading.Thread(target=self.run, name=f"minivllm-tok-{index}", daemon=True)
+        self.thread.start()
+
+    def start(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent_conn, child_conn = ctx.Pipe()
+        p = self.pool
+        self.process = ctx.Process(target=serve_jobs, args=(child_conn, p.model, p.tokenizer, os.getpid()), daemon=True)
+        self.process.start()
+        child_conn.close()
+        self.conn = parent_conn
+        if not wait([self.conn, self.process.sentinel], START_TIMEOUT) or self.conn.recv()[0] != "ready":
+            raise RuntimeError("the tokenizer worker did not start")
+
+    def restart(self) -> None:
+        self.stop_process()
+        try:
+            self.start()
+            self.broken = False
+        except Exception as e:
+            self.broken = True
+            logger.error("tokenizer worker %d could not be started: %s", self.index, e)
+
+    def run(self) -> None:
+        self.restart()
+        self.ready.set()
+        while (job := self.pool.jobs.get()) is not None:
+            if job.future.cancelled():
+                continue
+            if not self.broken and not self.process.is_alive():  # it died while idle: the job to another, then
+                self.pool.jobs.put(job)  # start a new process (seconds)
+                self.replace()
+                continue
+            if self.broken:  # it could not start: try again, fail the job if it still cannot
+                self.replace()
+                if self.broken:
+                    _settle(job, ("error", WorkerDiedError("no tokenizer worker could be started")))
+                    continue
+            try:
+                _settle(job, self.call(job))
+            except Exception as e:  # this thread must outlive any job: else the pool loses a worker for good
+                logger.exception("tokenizer worker %d: a %s job failed", self.index, job.name)
+                _settle(job, ("error", RuntimeError(f"{type(e).__name__}: {e}")))
+            if not self.process.is_alive() and not self.pool.closing:  # it died on that job, whose error is out
+                self.replace()
+        self.stop_process()
+
+    def replace(self) -> None:
+        self.restarts += 0 if self.broken else 1
+        self.restart()
+
+    def call(self, job: Job) -> tuple[str, object]:
+        try:
+            message = pickle.dumps((job.name, job.args))
+        except (RecursionError, pickle.PicklingError) as e:  # (a field nested thousands deep)
+            return "error", ValueError(f"the request cannot be tokenised: {type(e).__name__}: {e}")
+        self.holding = job
+        try:
+            self.conn.send_bytes(message)
+            if self.conn in wait([self.conn, self.process.sentinel]):
+                return self.conn.recv()
+        except (EOFError, OSError):
+            pass
+        finally:
+            self.holding = None
+        self.process.join(1)
+        code = self.process.exitcode
+        if self.pool.closing:  # shutdown() stopped it
+            return "error", WorkerDiedError("the server is shutting down")
+        logger.error("tokenizer worker %d died (exit code %s) on a %s job: replacing it", self.index, code, job.name)
+        return "error", WorkerDiedError(f"the tokenizer worker died on this request (exit code {code})")
+
+    def stop_process(self, timeout: float = 5.0) -> None:
+        if self.process is None:
+            return
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(5)
+        self.conn.close()
+        self.process = self.conn = None
 
 
-def _decode(ids: list[int]) -> str:
-    return _tokenizer.decode(ids)
+def _settle(job: Job, result: tuple[str, object]) -> None:
+    def settle() -> None:
+        if job.future.done():  # cancelled: its client left
+            return
+        kind, value = result
+        job.future.set_result(value) if kind == "ok" else job.future.set_exception(value)
+
+    try:
+        job.loop.call_soon_threadsafe(settle)
+    except RuntimeError:  # that event loop is closed: nobody listens
+        pass
 
 
 class TokenizerPool:
     def __init__(self, model: str, max_model_len: int, workers: int = 2, tokenizer: str | None = None) -> None:
-        """Workers with the tokenizer of checkpoint `model` (or of the directory `tokenizer`)."""
-        self.max_model_len, self.workers = max_model_len, workers
-        ctx = mp.get_context("spawn")
-        self.pool = concurrent.futures.ProcessPoolExecutor(
-            workers, mp_context=ctx, initializer=_load, initargs=(model, tokenizer or model, os.getpid())
-        )
+        """Workers with the tokenizer of checkpoint `model` (or of the directory `tokenizer`), starting now."""
+        self.model, self.tokenizer = model, tokenizer or model
+        self.max_model_len = max_model_len
+        self.jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self.closing = False
+        self.workers = [Worker(self, i) for i in range(workers)]
+
+    @property
+    def healthy(self) -> bool:
+        """Every worker is up (or being replaced): False only while one cannot be started."""
+        return not any(w.broken for w in self.workers)
+
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self.workers if w.process is not None]
 
     async def warm_up(self) -> None:
-        """Start every worker now (each loads the tokenizer), not at the first requests."""
-        await asyncio.gather(*[self.decode([]) for _ in range(self.workers)])
+        """Wait until every worker has loaded the tokenizer."""
+        await asyncio.to_thread(lambda: [w.ready.wait(START_TIMEOUT) for w in self.workers])
 
-    async def _run(self, fn, *args):
-        return await asyncio.wrap_future(self.pool.submit(fn, *args))
+    async def _run(self, name: str, *args):
+        loop = asyncio.get_running_loop()
+        job = Job(name, args, loop, loop.create_future())
+        self.jobs.put(job)
+        return await job.future
 
     async def encode(self, text: str, add_special_tokens: bool = True, limit: bool = True) -> list[int]:
         """The text's ids; with `limit`, a ValueError when they leave no room for output."""
-        return await self._run(_encode, text, self.limit(limit), add_special_tokens)
+        return await self._run("encode", text, self.limit(limit), add_special_tokens)
 
     async def chat(self, conversation: list[dict], add_generation_prompt: bool, limit: bool = True, **kwargs):
-        """The conversation through the chat template, as ids (`limit` as for encode)."""
-        return await self._run(_chat, conversation, add_generation_prompt, kwargs, self.limit(limit))
+        """The conversation through the chat template, as ids (`limit` as for encode); a template error is a
+        ValueError."""
+        return await self._run("chat", conversation, add_generation_prompt, kwargs, self.limit(limit))
 
     def limit(self, limit: bool) -> int:
         return self.max_model_len if limit else 1 << 62
 
     async def decode(self, ids: list[int]) -> str:
-        return await self._run(_decode, ids)
+        return await self._run("decode", ids)
 
-    def shutdown(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+    def shutdown(self, grace: float = 2.0) -> None:
+        """Stop the workers: those busy after `grace` seconds (a long template) are killed, their jobs failed."""
+        self.closing = True
+        for _ in self.workers:
+            self.jobs.put(None)
+        deadline = time.monotonic() + grace
+        for w in self.workers:
+            w.thread.join(max(0.0, deadline - time.monotonic()))
+        for w in self.workers:
+            if w.thread.is_alive() and (process := w.process) is not None:
+                process.kill()
+            w.thread.join(10)

@@ -8,8 +8,9 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
+from minivllm.serve.http_errors import error_response
 from minivllm.serve.protocol import ChatMessage, OpenAIModel
-from minivllm.serve.responses import error_response
+from minivllm.serve.server_options import request_chat_template
 from minivllm.serve.tokenizer_pool import TokenizerPool
 
 
@@ -20,6 +21,7 @@ class TokenizeRequest(OpenAIModel):
     add_special_tokens: bool = True  # for a prompt (a chat template writes its own)
     add_generation_prompt: bool = True  # for messages
     chat_template_kwargs: dict | None = None
+    chat_template: str | None = None  # refused unless the server trusts request templates
 
 
 class DetokenizeRequest(OpenAIModel):
@@ -34,7 +36,7 @@ def package_version() -> str:
         return "unknown"
 
 
-def add_token_routes(app: FastAPI, tokens: TokenizerPool, served_model_name: str) -> None:
+def add_token_routes(app: FastAPI, tokens: TokenizerPool, served_model_name: str, trust_templates: bool) -> None:
     def unknown(model: str | None) -> JSONResponse | None:
         if model is None or model == served_model_name:
             return None
@@ -50,7 +52,11 @@ def add_token_routes(app: FastAPI, tokens: TokenizerPool, served_model_name: str
         try:
             if body.messages is not None:
                 conversation = [{"role": m.role, "content": m.text()} for m in body.messages]
-                kwargs = body.chat_template_kwargs or {}
+                if refused := request_chat_template(body.chat_template, body.chat_template_kwargs, trust_templates):
+                    return error_response(refused, "chat_template")
+                kwargs = dict(body.chat_template_kwargs or {})
+                if body.chat_template is not None:
+                    kwargs["chat_template"] = body.chat_template
                 ids = await tokens.chat(conversation, body.add_generation_prompt, limit=False, **kwargs)
             else:
                 ids = await tokens.encode(body.prompt, body.add_special_tokens, limit=False)

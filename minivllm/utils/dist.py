@@ -1,20 +1,24 @@
-"""Tensor-parallel helpers: this process's rank and world size, divisibility checks, and the process group
-of one engine (notebook 04 explains the two all_reduces per layer, notebook 05 the vocabulary gather)."""
+"""Tensor-parallel helpers: a rank and world size read from a process group, divisibility checks, and the
+process group of one engine (notebook 04 explains the two all_reduces per layer, notebook 05 the vocabulary
+gather). The runner makes its engine's group and passes it to the parallel layers when it builds the model; they
+call `dist.all_reduce(y, group=self.group)`. Nothing here is process-wide: the driver process may hold several
+tensor-parallel engines, each with its own group, and a worker process serves one."""
 
 import socket
-from contextlib import contextmanager
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import _update_default_pg, _world
+
+TIMEOUT = timedelta(minutes=10)  # a rank that does not join (or answer) within this fails the collective
 
 
-def tp_rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
+def tp_rank(group: dist.ProcessGroup | None = None) -> int:
+    return group.rank() if group is not None else 0
 
 
-def tp_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else 1
+def tp_size(group: dist.ProcessGroup | None = None) -> int:
+    return group.size() if group is not None else 1
 
 
 def divide(numerator: int, denominator: int, what: str = "size") -> int:
@@ -30,56 +34,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_process_group(rank: int, world_size: int, port: int, backend: str | None = None) -> None:
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-
-
-# --- one engine's group ------------------------------------------------------------------------------
-# torch.distributed has one default group per process, and the layers call `dist.all_reduce(x)` on it
-# (nano-vllm's layers do too). A worker process serves one engine, but the driver (rank 0) may hold several
-# TP engines at once, so each engine's group is the default only while that engine runs a step.
-
-
 def new_engine_group(rank: int, world_size: int, port: int, backend: str) -> dist.ProcessGroup:
-    """Join this engine's group and return it, leaving no default group behind on rank 0. The group's name
-    (its key prefix in the store) must be equal on every rank and distinct per engine: the port is both."""
-    _update_default_pg(None)
-    _world.group_count = port
-    init_process_group(rank, world_size, port, backend)
-    group = dist.group.WORLD
-    if rank == 0:
-        _update_default_pg(None)
-    return group
-
-
-@contextmanager
-def engine_group(group: dist.ProcessGroup | None):
-    """`with engine_group(g):` the layers' collectives go to `g` (no-op for None, a single-process engine)."""
-    if group is None:
-        yield
-        return
-    previous = _world.default_pg
-    _update_default_pg(group)
-    try:
-        yield
-    finally:
-        _update_default_pg(previous)
+    """This engine's group over its `world_size` ranks, met at `port` on localhost (rank 0 holds the store): a
+    process group of its own, not torch.distributed's default one, so one process can hold several engines'."""
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0, timeout=TIMEOUT)
+    if backend == "nccl":
+        return dist.ProcessGroupNCCL(store, rank, world_size)
+    return dist.ProcessGroupGloo(store, rank, world_size, TIMEOUT)
 
 
 def destroy_engine_group(group: dist.ProcessGroup) -> None:
-    """Destroy this engine's group only, never another engine's."""
-    if dist.group.WORLD is group:
-        _update_default_pg(None)
-    dist.destroy_process_group(group)
+    """Close this engine's group only, never another engine's. (Gloo's groups have `shutdown` from torch 2.7 on;
+    before, their connections close when the last reference goes.)"""
+    if hasattr(group, "shutdown"):
+        group.shutdown()
 
 
-def min_over_ranks(n: int, device: torch.device) -> int:
-    """The smallest `n` over the tensor-parallel ranks of the current group (`n` itself with one rank)."""
-    if tp_size() == 1:
+def min_over_ranks(n: int, device: torch.device, group: dist.ProcessGroup | None = None) -> int:
+    """The smallest `n` over the tensor-parallel ranks of `group` (`n` itself with one rank)."""
+    if tp_size(group) == 1:
         return n
     t = torch.tensor([n], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
     return int(t.item())

@@ -159,7 +159,7 @@ def save_json(result: dict, out: str) -> None:
 
 def decode_kernel(runner) -> str:
     """Which kernel decodes: the torch backend's, ours (Triton) or the flash backend's own."""
-    return "torch" if runner.backend == "torch" else ("triton" if runner.ops.paged_decode else "flash")
+    return "torch" if runner.backend.name == "torch" else ("triton" if runner.ops.paged_decode else "flash")
 
 
 def engine_facts(llm, counter) -> dict:
@@ -178,7 +178,7 @@ def engine_facts(llm, counter) -> dict:
         init_triton_compiles=compiles,
         init_triton_keys=[[name, key] for name, key in zip(counter.triton_kernels, counter.triton_keys)],
         init_main_thread_compiles=sum(thread == threading.main_thread().name for _, _, thread in compiles),
-        backend=runner.backend,
+        backend=runner.backend.name,
         decode_kernel=decode_kernel(runner),
         kv_cache_blocks=llm.config.num_kvcache_blocks,
         device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",

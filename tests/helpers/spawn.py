@@ -1,5 +1,6 @@
 """Run a function in several gloo processes, one per tensor-parallel rank (tests/test_tp.py, notebooks 04,
-05 and 14). The function must be importable (a module-level function), its result picklable."""
+05 and 14). The function must be importable (a module-level function), its result picklable. Each process joins
+torch.distributed's default group, which the layers it builds get as their `group` (tp_common.group())."""
 
 import os
 import pickle
@@ -8,14 +9,14 @@ import sys
 import torch
 import torch.distributed as dist
 
-from minivllm.utils.dist import free_port, init_process_group
+from minivllm.utils.dist import free_port
 
 
 def _spawn_entry(rank: int, world_size: int, port: int, fn, args, queue, group: bool) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     if group:
-        init_process_group(rank, world_size, port, "gloo")
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
         result = fn(rank, world_size, *args)
         queue.put((rank, pickle.dumps(result)))  # by value: torch would share tensors through this

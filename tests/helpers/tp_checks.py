@@ -23,6 +23,7 @@ from helpers.tp_common import (
     _rand,
     all_gather_cat,
     count_collectives,
+    group,
 )
 from helpers.tp_decoder import run_decoder_layer, tiny_qwen3_config
 from minivllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
@@ -45,7 +46,7 @@ def linear_checks(seed: int = 0) -> dict[str, dict]:
     out = {}
 
     w, b = _rand(g, OUT, HIDDEN), _rand(g, OUT)
-    layer = ColumnParallelLinear(HIDDEN, OUT, bias=True)
+    layer = ColumnParallelLinear(HIDDEN, OUT, bias=True, group=group())
     layer.weight.weight_loader(layer.weight, w)
     layer.bias.weight_loader(layer.bias, b)
     with count_collectives() as n:
@@ -54,12 +55,12 @@ def linear_checks(seed: int = 0) -> dict[str, dict]:
 
     w, b = _rand(g, HIDDEN, OUT), _rand(g, HIDDEN)
     xr = _rand(g, 7, OUT, scale=1.0)  # (N, OUT)
-    layer = RowParallelLinear(OUT, HIDDEN, bias=True)
+    layer = RowParallelLinear(OUT, HIDDEN, bias=True, group=group())
     layer.weight.weight_loader(layer.weight, w)
     layer.bias.weight_loader(layer.bias, b)
-    shard = OUT // tp_size()
+    shard, rank = OUT // tp_size(group()), tp_rank(group())
     with count_collectives() as n:
-        y = layer(xr[:, tp_rank() * shard : (tp_rank() + 1) * shard])  # this rank's input slice -> (N, H)
+        y = layer(xr[:, rank * shard : (rank + 1) * shard])  # this rank's input slice -> (N, H)
     out["row"] = dict(out=y, ref=F.linear(xr, w, b), shard_shape=tuple(layer.weight.shape), **n)
 
     wq, wk, wv = (
@@ -67,7 +68,7 @@ def linear_checks(seed: int = 0) -> dict[str, dict]:
         _rand(g, KV_HEADS * HEAD_DIM, HIDDEN),
         _rand(g, KV_HEADS * HEAD_DIM, HIDDEN),
     )
-    layer = QKVParallelLinear(HIDDEN, HEAD_DIM, HEADS, KV_HEADS)
+    layer = QKVParallelLinear(HIDDEN, HEAD_DIM, HEADS, KV_HEADS, group=group())
     for shard_id, wt in zip("qkv", (wq, wk, wv)):
         layer.weight.weight_loader(layer.weight, wt, shard_id)
     with count_collectives() as n:
@@ -81,7 +82,7 @@ def linear_checks(seed: int = 0) -> dict[str, dict]:
     )
 
     wg, wu = _rand(g, INTER, HIDDEN), _rand(g, INTER, HIDDEN)
-    layer = MergedColumnParallelLinear(HIDDEN, [INTER, INTER])
+    layer = MergedColumnParallelLinear(HIDDEN, [INTER, INTER], group=group())
     for shard_id, wt in enumerate((wg, wu)):
         layer.weight.weight_loader(layer.weight, wt, shard_id)
     with count_collectives() as n:
@@ -107,7 +108,7 @@ def vocab_checks(seed: int = 0) -> dict[str, dict]:
     ids[:4] = torch.tensor([0, VOCAB // 2 - 1, VOCAB // 2, VOCAB - 1])  # both ends of each rank's range (TP=2)
     out = {}
 
-    emb = VocabParallelEmbedding(VOCAB, HIDDEN)
+    emb = VocabParallelEmbedding(VOCAB, HIDDEN, group=group())
     emb.weight.weight_loader(emb.weight, w)
     with count_collectives() as n:
         y = emb(ids)  # (N, H)
@@ -119,7 +120,7 @@ def vocab_checks(seed: int = 0) -> dict[str, dict]:
         **n,
     )
 
-    head = ParallelLMHead(VOCAB, HIDDEN)
+    head = ParallelLMHead(VOCAB, HIDDEN, group=group())
     head.weight.weight_loader(head.weight, w)
     hidden = _rand(g, sum(SEQ_LENS), HIDDEN, scale=1.0)  # (N, H), packed prefill batch
     cu_seqlens = torch.tensor([0] + SEQ_LENS).cumsum(0).to(torch.int32)  # (num_seqs + 1,)
@@ -149,11 +150,15 @@ def error_checks() -> dict[str, str | None]:
 
     cases = {
         "kv_heads": lambda: Qwen3DecoderLayer(
-            tiny_qwen3_config(num_attention_heads=6, num_key_value_heads=3), qkv_bias=False, o_bias=False, qk_norm=True
+            tiny_qwen3_config(num_attention_heads=6, num_key_value_heads=3),
+            qkv_bias=False,
+            o_bias=False,
+            qk_norm=True,
+            group=group(),
         ),
-        "vocab": lambda: VocabParallelEmbedding(VOCAB + 1, HIDDEN),
-        "column": lambda: ColumnParallelLinear(HIDDEN, OUT + 1),
-        "row": lambda: RowParallelLinear(OUT + 1, HIDDEN),
+        "vocab": lambda: VocabParallelEmbedding(VOCAB + 1, HIDDEN, group=group()),
+        "column": lambda: ColumnParallelLinear(HIDDEN, OUT + 1, group=group()),
+        "row": lambda: RowParallelLinear(OUT + 1, HIDDEN, group=group()),
     }
     messages = {}
     for name, build in cases.items():
@@ -171,7 +176,7 @@ def error_checks() -> dict[str, str | None]:
 def agree_min_check(rank: int) -> int:
     """The runner's agreement on the block count (utils/dist.min_over_ranks) with a different count on each rank
     (40, 25, 10, ...): every rank must get the smallest."""
-    return min_over_ranks(40 - 15 * rank, torch.device("cpu"))
+    return min_over_ranks(40 - 15 * rank, torch.device("cpu"), group())
 
 
 # --- the spawned entry point -------------------------------------------------------------------------
@@ -192,5 +197,5 @@ def tp_worker(
         result["errors"] = error_checks()
     if "agree_min" in parts:
         result["agree_min"] = agree_min_check(rank)
-    result["rank"], result["world_size"] = tp_rank(), tp_size()
+    result["rank"], result["world_size"] = tp_rank(group()), tp_size(group())
     return result

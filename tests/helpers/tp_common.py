@@ -8,6 +8,13 @@ import torch.distributed as dist
 
 from minivllm.utils.dist import tp_size
 
+
+def group() -> dist.ProcessGroup | None:
+    """The group the layers built here shard over: the spawned rank's default group (helpers.spawn), None in a
+    plain process (one rank)."""
+    return dist.group.WORLD if dist.is_initialized() else None
+
+
 HIDDEN, OUT, INTER, VOCAB = 64, 96, 128, 256  # small sizes, divisible by 1, 2 and 4
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
 SEQ_LENS = [3, 4, 5]  # a packed prefill batch of three sequences
@@ -40,9 +47,9 @@ def count_collectives():
 
 def all_gather_cat(y: torch.Tensor) -> torch.Tensor:
     """Concatenate every rank's tensor along the last dim (test-side gather, not counted)."""
-    if tp_size() == 1:
+    if tp_size(group()) == 1:
         return y
-    parts = [torch.empty_like(y) for _ in range(tp_size())]
+    parts = [torch.empty_like(y) for _ in range(tp_size(group()))]
     dist.all_gather(parts, y.contiguous())
     return torch.cat(parts, dim=-1)
 

@@ -14,6 +14,7 @@ from helpers.tp_common import (
     VOCAB,
     _rand,
     count_collectives,
+    group,
 )
 from minivllm.utils.context import reset_context, set_context
 
@@ -64,7 +65,7 @@ def build_decoder_layer(config, weights: dict[str, torch.Tensor]) -> nn.Module:
     """A Qwen3DecoderLayer for this process's TP size, loaded like the checkpoint loader does."""
     from minivllm.models.qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM
 
-    layer = Qwen3DecoderLayer(config, qkv_bias=False, o_bias=False, qk_norm=True)
+    layer = Qwen3DecoderLayer(config, qkv_bias=False, o_bias=False, qk_norm=True, group=group())
     params = dict(layer.named_parameters())
     for name, w in weights.items():
         for hf_name, (packed, shard_id) in Qwen3ForCausalLM.packed_modules_mapping.items():

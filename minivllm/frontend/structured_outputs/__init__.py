@@ -13,7 +13,8 @@ The pieces, one per file:
 - `grammar.py`: the engine's compiler (xgrammar's `GrammarCompiler`, its cache this engine's own) and the errors
   of an invalid schema, regex or grammar as ValueErrors that name the problem;
 - `bitmask.py`: a step's bitmask filled from the matchers, and applied to the logits;
-- `manager.py`: the engine's side: a matcher per sequence, advanced on each of its tokens.
+- `manager.py`: the engine's side: each request's grammar compiled in a thread while the request waits (the steps
+  of the others go on), then a matcher per sequence, advanced on each of its tokens.
 
 Where it runs, and why outside the decode graph. The mask of step N+1 depends on the token drawn at step N,
 which the matcher (host code, a pushdown automaton over the grammar) must accept before it can say what comes

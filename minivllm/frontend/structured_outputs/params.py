@@ -26,7 +26,7 @@ class StructuredOutputsParams:
             if isinstance(self.json, str):
                 try:
                     json_lib.loads(self.json)
-                except ValueError as e:
+                except (ValueError, RecursionError) as e:  # (RecursionError: nested too deeply)
                     raise ValueError(f"structured_outputs json is not valid JSON text: {e}") from None
             elif not isinstance(self.json, dict):
                 raise ValueError(f"structured_outputs json must be a JSON schema (dict or str), got {self.json!r}")

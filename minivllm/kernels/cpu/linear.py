@@ -4,13 +4,13 @@ hands oneDNN the row-major weight, which it re-lays out for every call; at decod
 the call. Measured on a 2-core machine: the SmolLM2 matmuls 1.5-3x faster at 16 tokens, the LM head 3x in fp32.
 
 The packed weight is a copy (an opaque oneDNN tensor): the `nn.Parameter` stays what the loader wrote, for the
-embedding it may be tied to, for tests and for TP's sharding. `pack_linears(model)` fills the `packed_weight` slot
-of every layer that has one (the runner does, unless the `cpu_packed_linear` kernel option is off);
-`linear(x, weight, bias, packed)` uses the packed copy when there is one. GPUs never see any of it."""
+embedding it may be tied to, for tests and for TP's sharding. A CPU engine's kernel table holds `pack` and `linear`
+(`Ops.pack_linear`, `Ops.linear`; not with the `cpu_packed_linear` kernel option off): each linear layer binds them
+when it is built, the runner has each layer pack its weight after the load (`pack_weight`), and `linear(x, weight,
+bias, packed)` uses the packed copy when there is one. GPUs never see any of it."""
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 
 def packable(weight: torch.Tensor) -> bool:
@@ -44,12 +44,3 @@ def linear(
     if packed is None or x.dtype != weight.dtype:
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-
-def pack_linears(model: nn.Module) -> int:
-    """Pack the weight of every layer of `model` (itself included) that has a `packed_weight` slot, after the
-    weights are loaded; returns how many could be packed."""
-    layers = [m for m in model.modules() if hasattr(m, "packed_weight")]
-    for m in layers:
-        m.packed_weight = pack(m.weight)
-    return sum(m.packed_weight is not None for m in layers)

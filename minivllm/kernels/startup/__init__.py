@@ -1,7 +1,8 @@
 """A GPU engine's start-up machinery, apart from the runner that calls it: the kernels compiled ahead, beside the
 model's load (`CompileAhead`: FlashAttention-4's prefill kernel in a helper process or on a thread,
-attention_compile.py; our Triton kernels on threads, triton_compile.py), and the warm-up (warmup.py). A CPU
-engine compiles nothing ahead: its `CompileAhead` is empty."""
+attention_compile.py; our Triton kernels on threads, triton_compile.py), and the warm-up (warmup.py). The runner
+starts it with one call (`minivllm.kernels.begin_compile`) and waits once, before its warm-up. A CPU engine
+compiles nothing ahead: its `CompileAhead` is empty."""
 
 import time
 from dataclasses import dataclass
@@ -9,9 +10,10 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.config import Config
-from minivllm.kernels.startup import attention_compile, triton_compile
+from minivllm.kernels.startup import attention_compile, triton_compile, warmup
 from minivllm.kernels.startup.attention_compile import AttentionCompile
 from minivllm.kernels.startup.triton_compile import TritonCompile
+from minivllm.layers import attention_backend
 
 
 @dataclass
@@ -27,37 +29,57 @@ class CompileAhead:
 
     @classmethod
     def start(cls, config: Config, device: torch.device, dtype: torch.dtype, rank: int) -> "CompileAhead":
-        """Start the helper process (it pays its imports now, beside the engine's) and the Triton threads."""
+        """Start the helper process (it pays its imports now, beside the engine's) and the Triton threads; then,
+        once the attention backend is known (`attention_backend.select` imports FlashAttention-4 here), its compile
+        on a thread, or stop the helper whose kernel is not wanted (FlashAttention-4 was expected but did not
+        import)."""
         options = config.kernels
         where = attention_compile.where_to_compile(config, device, dtype, options.attention_compile, rank)
         ahead = cls(config, device, dtype, where)
-        if where == "process":  # sent its request before `attention_backend.select` imports FlashAttention-4 here
-            ahead.attention = attention_compile.start(config, device, dtype, "process")
-        if device.type == "cuda" and options.triton_compile:
-            ahead.triton = triton_compile.start(config, device, dtype, rank)
+        try:
+            if where == "process":  # sent its request before this process imports FlashAttention-4
+                ahead.attention = attention_compile.start(config, device, dtype, "process")
+            if device.type == "cuda" and options.triton_compile:
+                ahead.triton = triton_compile.start(config, device, dtype, rank)
+            if attention_backend.select(device, dtype, config.attention_backend) != "fa4":
+                ahead.cancel()
+            elif where == "thread":
+                ahead.attention = attention_compile.start(config, device, dtype, "thread")
+        except BaseException:
+            ahead.cancel()
+            raise
         return ahead
 
-    def backend_chosen(self, backend: str) -> None:
-        """After the attention backend's import: FlashAttention-4's compile on a thread now, or stop the helper
-        whose kernel is not wanted (FlashAttention-4 was expected but did not import)."""
-        if backend != "fa4":
-            self.cancel()
-        elif self.where == "thread":
-            self.attention = attention_compile.start(self.config, self.device, self.dtype, "thread")
+    def wait(self) -> dict[str, float]:
+        """Until every kernel compiled ahead is ready (before the warm-up, which then finds them compiled; a
+        helper's memory is gone before the KV cache takes what is left of the GPU; a thread's errors raise here).
+        Returns the seconds waited per compile that ran ("triton_compile", "attention_process" or
+        "attention_thread")."""
+        seconds = {}
+        if self.triton is not None:
+            seconds["triton_compile"] = timed(self.wait_triton, self.device)
+        if self.attention is not None:
+            seconds[f"attention_{self.attention.where}"] = timed(self.wait_attention, self.device)
+        return seconds
 
     def wait_triton(self) -> None:
         if self.triton is not None:
             self.triton.wait()
 
-    def wait_process(self) -> None:
-        """Before the KV cache takes what is left of the GPU: the helper's memory must be gone."""
-        if self.attention is not None and self.attention.where == "process":
-            self.wait_attention()
-
     def wait_attention(self) -> None:
         if self.attention is not None:
             compile_ahead, self.attention = self.attention, None
             compile_ahead.wait()
+
+    @staticmethod
+    def warmup_model(runner) -> None:
+        """The largest prefill and sampler, before the KV cache (GPU; warmup.py)."""
+        warmup.warmup_model(runner)
+
+    @staticmethod
+    def warmup_attention(runner) -> None:
+        """A prefill over the cache, once the cache is there (GPU; warmup.py)."""
+        warmup.warmup_attention(runner)
 
     def cancel(self) -> None:
         """A start-up that fails (or no longer wants FlashAttention-4's kernel) leaves no helper compiling."""

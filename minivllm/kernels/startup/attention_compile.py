@@ -85,8 +85,7 @@ def stand_in_prefill_attention(s: StandIn, device: torch.device, dtype: torch.dt
         q = torch.zeros(s.new, s.heads, s.head_dim, dtype=dtype, device=device)  # (new, H, D)
         k_cache = torch.zeros(s.blocks, s.block_size, s.kv_heads, s.head_dim, dtype=dtype, device=device)
         i32 = dict(dtype=torch.int32, device=device)
-        attention_backend.prefill_paged(
-            backend,
+        attention_backend.create(backend).prefill_paged(
             q,
             k_cache,
             torch.zeros_like(k_cache),

@@ -9,6 +9,7 @@ from minivllm.engine import step_inputs
 from minivllm.engine.kv_cache import kv_cache_shape
 from minivllm.engine.sequence import Sequence
 from minivllm.kernels.startup.attention_compile import attention_warmup_tokens
+from minivllm.layers import attention_backend
 
 
 @torch.inference_mode()
@@ -29,15 +30,22 @@ def warmup_model(runner) -> None:
     inp = step_inputs.prepare_prefill(seqs, runner.block_size)  # fresh keys: there is no cache yet
     # The layers get a one-block stand-in cache that nothing is written to (every slot -1): their kernels
     # compile the variant that stores into a cache, the one every later step runs (Triton specialises on it).
-    # A backend that reads every prefill's keys from the cache (FlashAttention-4, model_runner.py) lends the
-    # step torch's attention (its memory, the output, is the same); warmup_attention compiles its kernel once
-    # the real cache exists.
+    # A backend that reads every prefill's keys from the cache (FlashAttention-4) lends the layers torch's attention
+    # for this step (its memory, the output, is the same); warmup_attention compiles its kernel once the real
+    # cache exists.
     inp.slot_mapping = np.full_like(inp.slot_mapping, -1)
     runner.bind_kv_cache(torch.zeros(kv_cache_shape(c, 1), dtype=runner.dtype, device=runner.device))
+    backends = [m.backend for m in runner.attn_layers]
+    if runner.prefill_keys_from_cache:
+        fresh_keys = attention_backend.create("torch")
+        for m in runner.attn_layers:
+            m.backend = fresh_keys
     try:
-        runner.run_model(inp, backend="torch" if runner.prefill_keys_from_cache else None)
+        runner.run_model(inp)
     finally:
         runner.bind_kv_cache(None)
+        for m, backend in zip(runner.attn_layers, backends):
+            m.backend = backend
     if runner.rank == 0:
         logits = torch.zeros(c.max_num_seqs, c.hf_config.vocab_size, device=runner.device, dtype=runner.dtype)
         t = torch.ones(c.max_num_seqs, device=runner.device)

@@ -1,0 +1,69 @@
+"""What every attention backend shares: its decode kernel, chosen when it is built, and the metadata of a step
+its kernels read, made by the step's first layer and reused by the others (the block tables as the kernels read
+them, the prefill rows after the decode rows). Backends: layers/attention_backend.py (torch) and
+layers/flash_attention.py (flash-attn, FlashAttention-4)."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from minivllm.utils.context import Context
+
+
+@dataclass(slots=True)
+class PrefillRows:
+    """A prefill step's rows after its decode rows: offsets from 0 again."""
+
+    cu_seqlens_q: torch.Tensor  # (rows + 1,) int32
+    cu_seqlens_k: torch.Tensor  # (rows + 1,) int32
+    context_lens: torch.Tensor  # (rows,) int32
+    block_tables: torch.Tensor  # (rows, max_blocks) int32
+
+
+class AttentionBackend:
+    """The three calls an Attention layer makes (`prefill`, `prefill_paged`, `decode`), in a subclass. `decode`: a
+    kernel that replaces the backend's own decode (same signature: ours in Triton, or C++ on CPU)."""
+
+    name = "base"
+    keys_from_cache = False  # every prefill reads its keys from the cache (FlashAttention-4: one kernel variant)
+    page_table = False  # the kernels read every table entry: -1 padding mapped to block 0
+
+    def __init__(self, decode: Callable | None = None) -> None:
+        self.decode = decode or self.own_decode
+        self._context: Context | None = None  # the step the metadata below belongs to
+        self._tables: torch.Tensor | None = None
+        self._rows: PrefillRows | None = None
+
+    def own_decode(self, q, k_cache, v_cache, context_lens, block_tables, scale: float) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _step(self, context: Context) -> None:
+        if self._context is not context:  # the runner sets a fresh context per step (and per graph capture)
+            self._context, self._tables, self._rows = context, None, None
+
+    def tables(self, context: Context) -> torch.Tensor | None:
+        """The step's block tables as the kernels read them: -1 padded, or with `page_table` the padding mapped to
+        block 0 (made once per step, not once per layer; inside a graph's capture, in the graph)."""
+        if not self.page_table or context.block_tables is None:
+            return context.block_tables
+        self._step(context)
+        if self._tables is None:
+            self._tables = context.block_tables.clamp(min=0)
+        return self._tables
+
+    def prefill_rows(self, context: Context) -> PrefillRows:
+        """The rows after the first num_decode_rows, the ones the prefill kernel takes. With decode rows first, in
+        fresh tensors (kernels get aligned copies, not views at an odd offset), made once per step."""
+        d, tables = context.num_decode_rows, self.tables(context)
+        if d == 0:
+            return PrefillRows(context.cu_seqlens_q, context.cu_seqlens_k, context.context_lens, tables)
+        self._step(context)
+        if self._rows is None:
+            self._rows = PrefillRows(
+                cu_seqlens_q=context.cu_seqlens_q[d:] - d,
+                cu_seqlens_k=context.cu_seqlens_k[d:] - context.cu_seqlens_k[d],
+                context_lens=context.context_lens[d:].clone(),
+                block_tables=tables[d:].clone(),
+            )
+        return self._rows
