@@ -1,11 +1,10 @@
 """The engine (nano-vllm's llm_engine.py) and its step API, vLLM V1's engine core: `add_request(request_id,
 prompt_token_ids, params)`, `abort_request(ids)`, `finish_sequences(...)`, `step() -> list[EngineOutput]`,
 `has_unfinished_requests()`. It schedules and runs steps and emits token ids: each step, every sequence that
-got a token reports it (`EngineOutput`: new token ids, finish reason, raw logprob rows), no text. Its drivers
-turn those into RequestOutputs through one output processor (frontend/output_processor.py): `LLM`
-(llm.py) and the serving engine core (serve/core.py, its outputs detokenised in the API server). A request
-arrives tokenized and checked by the front end (frontend/processor.py); the sampling extras reach the engine
-through the one hook it is given (sampling_hook.py).
+got a token reports it (`EngineOutput`: new token ids, finish reason, raw logprob rows), no text. Its drivers,
+`LLM` (llm.py) and the serving engine core (serve/core.py), turn those into RequestOutputs through one output
+processor (frontend/output_processor.py). A request arrives tokenized and checked (frontend/processor.py); the
+sampling extras reach the engine through the one hook it is given (sampling_hook.py).
 
 One step ahead (the engine's speed on a GPU). `step()` schedules, prepares and launches step N+1 while step
 N still runs on the GPU, the sequences' newest tokens being PENDING placeholders on the host that the GPU
@@ -63,10 +62,8 @@ class LLMEngine:
         self.eos = eos_token_ids(model, self.tokenizer)
         self.scheduler = Scheduler(config, self.eos)
         self.vocab_size = config.hf_config.vocab_size
-        hook = (
-            sampling_hook(tokenizer=self.tokenizer, vocab_size=self.vocab_size, eos=self.eos) if sampling_hook else None
-        )
-        self.sampling_hook: SamplingHook | None = hook
+        make_hook, kw = sampling_hook, dict(tokenizer=self.tokenizer, vocab_size=self.vocab_size, eos=self.eos)
+        self.sampling_hook: SamplingHook | None = make_hook(**kw) if make_hook is not None else None
         self.requests: dict[str, EngineRequest] = {}  # unfinished, by id
         self.in_flight: Launched | None = None
         self.failed: list[EngineOutput] = []  # outputs of requests that failed alone, for the next step() to return
@@ -98,24 +95,15 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         if params.max_tokens is None:
             params = replace(params, max_tokens=self.config.max_model_len - len(prompt_token_ids))
-        seqs = []
-        for i in range(params.n):  # child i draws from seed + i, as vLLM
-            child = replace(params, n=1, seed=params.seed + i) if params.n > 1 and params.seed is not None else params
-            child.bad_words_token_ids = params.bad_words_token_ids
-            seqs.append(Sequence(prompt_token_ids, child, request_id, i))
-        request = EngineRequest(seqs, prompt_rows=[] if params.prompt_logprobs is not None else None)
-        self.requests[request_id] = request
+        request = self.requests[request_id] = EngineRequest.make(request_id, prompt_token_ids, params)
         # sampling hook: a request with a grammar waits out of the scheduler while a thread compiles it
-        if self.sampling_hook is None or not self.sampling_hook.add_request(request_id, seqs):
+        if self.sampling_hook is None or not self.sampling_hook.add_request(request_id, request.seqs):
             self._schedule(request)
 
     def _schedule(self, request: EngineRequest) -> None:
         """Hand a request's sequences to the scheduler (those that must wait for the first one's prompt wait)."""
-        seqs, n = request.seqs, len(request.seqs[0].prompt_token_ids)
-        share = self.config.enable_prefix_caching and n > self.config.kvcache_block_size
-        if share and request.prompt_rows is None and len(seqs) > 1:
-            request.deferred, seqs = seqs[1:], seqs[:1]
-        for seq in seqs:
+        share = self.config.enable_prefix_caching and request.num_prompt_tokens > self.config.kvcache_block_size
+        for seq in request.start(share_prompt=share):
             self.scheduler.add(seq)
 
     def abort_request(self, request_id: str | list[str]) -> list[EngineOutput]:
@@ -208,15 +196,9 @@ class LLMEngine:
 
     def _without_culprits(self, seqs: list[Sequence], is_prefill: bool, error: Exception) -> list[Sequence]:
         """A step failed to launch: fail the requests whose own inputs fail, return the sequences left (or re-raise)."""
-        r, hook = self.model_runner, self.sampling_hook
+        r, hook = self.model_runner, self.sampling_hook  # sampling hook: each request's step prepared alone
         prepare = r.prepare_prefill if is_prefill else r.prepare_decode
-        culprits: dict[str, Exception] = {}
-        for seq in seqs:  # each sequence's step inputs alone, and its sampling inputs (sampling hook)
-            try:
-                prepare([seq])
-                culprits.update(hook.failing_requests([seq], prepare, r.buffers, r.device) if hook else {})
-            except Exception as e:
-                culprits.setdefault(seq.request_id, e)
+        culprits = hook.failing_requests(seqs, prepare, r.buffers, r.device) if hook is not None else {}
         if not culprits or self.workers is not None:  # (TP workers may have started the step: none can be left out)
             raise error
         for rid, e in culprits.items():
@@ -241,9 +223,8 @@ class LLMEngine:
         if launched.handle.prompt_logprobs is not None:  # sampling hook: prompt logprobs, a chunk at a time
             for row, first, entries in self.sampling_hook.prompt_logprobs_rows(*launched.handle.prompt_logprobs):
                 seq = launched.seqs[row]
-                rows = None if seq.is_finished else self.requests[seq.request_id].prompt_rows
-                if rows is not None and first <= len(rows) + 1:  # a recompute scores again what is recorded
-                    rows += entries[len(rows) + 1 - first :]
+                if not seq.is_finished:
+                    self.requests[seq.request_id].add_prompt_rows(first, entries)
         live = [(seq, pos) for seq, pos in launched.sampled if not seq.is_finished]  # an aborted one's is dropped
         self.scheduler.on_result(launched.seqs, launched.sampled, tokens)
         if self.sampling_hook is not None:  # sampling hook: grammars take the tokens (one may end its sequence)

@@ -154,8 +154,8 @@ class ModelRunner:
         return self.buffers.upload_floats(temperatures, None)[0]
 
     def launch(self, seqs: list[Sequence], is_prefill: bool, hook: SamplingHook | None = None) -> StepHandle:
-        """Rank 0: prepare and launch one step on every rank without waiting for it (on a GPU the host goes on
-        to schedule the next step while this one runs). `hook`: the engine's sampling extras (sampling_hook.py)."""
+        """Rank 0: launch one step on every rank without waiting (the host goes on to schedule the next step while
+        the GPU runs this one); `hook`: the engine's sampling extras (sampling_hook.py)."""
         inputs = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
         assert inputs.src is None or self.workers is None, "TP workers cannot see rank 0's sampled tokens"
         for i, seq in enumerate(seqs):
@@ -167,8 +167,7 @@ class ModelRunner:
         extras = hook.prepare(seqs, self.buffers, device=self.device, in_graph=in_graph) if hook else None
         temperatures = self.prepare_sample(seqs, in_graph) if extras is None else None
         graph_sampled = in_graph and (extras is None or hook.is_plain(extras))  # the graph's draw stands
-        # sampling hook: rows asking for prompt logprobs (the step's hidden states are kept for them)
-        scoring = hook.plan_prompt_logprobs(seqs) if hook and is_prefill else None
+        scoring = hook.plan_prompt_logprobs(seqs) if hook and is_prefill else None  # sampling hook: prompt logprobs
         logits = self.run_model(inputs, need_logits=not graph_sampled, keep_hidden=scoring is not None)
         if graph_sampled:
             tokens, logprobs = self.last_sampled[: len(seqs)], None  # the graph sampled them

@@ -32,7 +32,8 @@ class SamplingHook(Protocol):
         """The engine exits: drop what is still being prepared."""
 
     def failing_requests(self, seqs: list[Sequence], prepare_inputs, buffers, device) -> dict[str, Exception]:
-        """A step failed to launch: request id -> the error of each request whose sequences fail alone."""
+        """A step failed to launch: request id -> the error of each request whose sequences fail alone (each one's
+        step inputs, `prepare_inputs([seq])`, and sampling inputs prepared as a batch of one)."""
 
     def prompt_logprobs_rows(self, plan: Any, scored: Any) -> list[tuple[int, int, list[tuple]]]:
         """A step's prompt log-probabilities as (batch row, first prompt token index, rows) per sequence."""
