@@ -206,7 +206,7 @@ def run_cpu(args) -> dict:
     from transformers import AutoTokenizer
 
     from minivllm import LLM, SamplingParams
-    from minivllm.utils.default_model import default_model_dir
+    from minivllm.frontend.default_model import default_model_dir
 
     model = args.model or default_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(model)

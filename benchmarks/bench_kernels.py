@@ -2,7 +2,7 @@
 
 - store_kvcache (minivllm/kernels/triton/store_kvcache.py): Qwen3-0.6B's per-layer K/V (8 KV heads x 128, bf16) for
   N new tokens scattered to random slots; bytes = K and V read + written (+ the slot mapping);
-- paged decode attention (attention_backend's own_decode) per available backend: 256 sequences x ~1k context,
+- paged decode attention (the backend's own_decode) per available backend: 256 sequences x ~1k context,
   block size 256, 16 q heads / 8 KV heads, head_dim 128, bf16; bytes = each sequence's K/V context read
   once + q read + o written (+ block tables and lengths).
 
@@ -30,9 +30,9 @@ import torch
 import minivllm  # noqa: F401  (TRITON_INTERPRET=1 without CUDA)
 from helpers.benchmark import COPY_BW as CEILING
 from helpers.benchmark import save_json
+from minivllm.kernels import attention_backends
 from minivllm.kernels.triton.paged_decode import paged_decode
 from minivllm.kernels.triton.store_kvcache import store_kvcache
-from minivllm.layers import attention_backend
 from minivllm.layers.attention import store_kvcache_torch
 
 
@@ -116,7 +116,7 @@ def decode_inputs(num_seqs, mean_ctx, block_size, heads, kv_heads, head_dim, dev
 def bench_decode(backends, num_seqs, mean_ctx, block_size, heads, kv_heads, head_dim, device, reps) -> list[Result]:
     q, k_cache, v_cache, lens, tables = decode_inputs(num_seqs, mean_ctx, block_size, heads, kv_heads, head_dim, device)
     scale = head_dim**-0.5
-    expected = attention_backend.create("torch").decode(
+    expected = attention_backends.create("torch").decode(
         q.float(), k_cache.float(), v_cache.float(), lens, tables, scale
     )
     elem = q.element_size()
@@ -132,7 +132,7 @@ def bench_decode(backends, num_seqs, mean_ctx, block_size, heads, kv_heads, head
         if backend == "triton":  # minivllm/kernels/triton/paged_decode.py (the flash backends' decode)
             return lambda: paged_decode(q, k_cache, v_cache, lens, tables.clamp(min=0), scale)
         table = tables if backend == "torch" else tables.clamp(min=0)  # as the layer passes them
-        decode = attention_backend.create(backend).own_decode
+        decode = attention_backends.create(backend).own_decode
         return lambda: decode(q, k_cache, v_cache, lens, table, scale)
 
     out = []
@@ -161,7 +161,7 @@ def main() -> None:
     args = ap.parse_args()
     small = args.cpu_small or not torch.cuda.is_available()
     device = "cpu" if small else "cuda"
-    backends = args.backends or attention_backend.available(device)
+    backends = args.backends or attention_backends.available(device)
 
     if small:  # shapes of the real thing, scaled down for the Triton interpreter and a CPU
         store_cases = [dict(N=16, kv_heads=8, head_dim=128), dict(N=64, kv_heads=8, head_dim=128)]

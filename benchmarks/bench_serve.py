@@ -68,7 +68,7 @@ def model_dir(name: str | None, cache: str) -> str | None:
 
 def vocab_size(model: str | None) -> int:
     if model is None:  # the embedded default model
-        from minivllm.utils.default_model import default_model_dir
+        from minivllm.frontend.default_model import default_model_dir
 
         model = default_model_dir()
     with open(os.path.join(model, "config.json")) as f:
@@ -314,8 +314,8 @@ def offline_throughputs(
     with the server's engine arguments (and `max_num_seqs`, if given); one warm-up generate first, a cold
     prefix cache for each level."""
     from minivllm import LLM, SamplingParams
+    from minivllm.frontend.default_model import default_model_dir
     from minivllm.serve.cli import ENGINE_ARGS, parse_serve_args
-    from minivllm.utils.default_model import default_model_dir
 
     parsed = parse_serve_args(server_args)
     engine_args = {k: getattr(parsed, k) for k in ENGINE_ARGS if getattr(parsed, k) is not None}

@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "cli_cpu.json"))
     args = ap.parse_args()
 
-    from minivllm.utils.default_model import default_model_dir
+    from minivllm.frontend.default_model import default_model_dir
 
     model = default_model_dir()  # converts the embedded model once, outside the timings
     engine = [sys.executable, "-m", "minivllm", PROMPT]

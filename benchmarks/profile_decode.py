@@ -16,7 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 from helpers.benchmark import COPY_BW, model_bytes_and_flops
 from helpers.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 from minivllm import LLM, SamplingParams, kernels
-from minivllm.layers import attention_backend
+from minivllm.kernels import attention_backends
 
 
 @torch.inference_mode()
@@ -82,7 +82,7 @@ def main() -> None:
         options = replace(runner.config.kernels, **{name: parse(value) for name, value in opts.items()})
         name = runner.backend.name
         runner.ops = kernels.pick(runner.device, runner.dtype, backend=name, options=options)
-        runner.backend = attention_backend.create(name, decode=runner.ops.paged_decode)
+        runner.backend = attention_backends.create(name, decode=runner.ops.paged_decode)
         runner.sampler.draw = runner.ops.draw
         runner.graphs = None
         torch.cuda.synchronize()

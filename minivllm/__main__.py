@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     if not prompts:
         return fail("no prompts: pass them as arguments, or one per line on stdin")
     if args.model is None:
-        from minivllm.utils.default_model import default_model_dir
+        from minivllm.frontend.default_model import default_model_dir
 
         try:
             args.model = default_model_dir()

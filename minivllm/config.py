@@ -37,7 +37,7 @@ class Config:
     enforce_eager: bool = False  # True: no CUDA graphs
     enable_prefix_caching: bool = True
     dtype: str = "auto"  # auto: the checkpoint's dtype on GPU, float32 on CPU
-    attention_backend: str | None = None  # None: fastest available (see layers/attention_backend.py)
+    attention_backend: str | None = None  # None: fastest available (kernels/attention_backends.py)
     device: str = "auto"  # auto: CUDA if there is a GPU for every TP rank, else CPU
     seed: int = 0
     tokenizer: str | None = None  # a tokenizer directory other than the model's

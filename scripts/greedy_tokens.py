@@ -21,7 +21,7 @@ import torch
 
 from helpers.tiny_model import TINY_LLAMA, make_tiny_checkpoint
 from minivllm import LLM, SamplingParams
-from minivllm.utils.default_model import default_model_dir
+from minivllm.frontend.default_model import default_model_dir
 
 SETTINGS = {
     "default": dict(),

@@ -9,7 +9,7 @@ import torch
 
 import minivllm  # noqa: F401  (TRITON_INTERPRET=1 without CUDA, for store_kvcache)
 from conftest import assert_close
-from minivllm.layers import attention_backend
+from minivllm.kernels import attention_backends
 from minivllm.layers.attention import Attention
 from minivllm.layers.torch_attention import gather_paged
 from minivllm.utils.context import Context, reset_context, set_context
@@ -56,7 +56,7 @@ def dtype_for(backend: str) -> torch.dtype:
 
 
 def need(backend: str, block_size: int | None = None) -> None:
-    if backend not in attention_backend.available(DEVICE):
+    if backend not in attention_backends.available(DEVICE):
         pytest.skip(f"backend {backend!r} not available on {DEVICE}")
     if backend == "flash_attn" and block_size is not None and block_size % 256:
         pytest.skip("flash-attn's paged KV needs block_size % 256 == 0")
@@ -115,7 +115,7 @@ def test_prefill_matches_reference(backend, heads, kv_heads, block_size, lens):
     need(backend)
     q, k, v, cu = ragged(lens, heads, kv_heads, dtype_for(backend))
     scale = HEAD_DIM**-0.5
-    out = attention_backend.create(backend).prefill(q, k, v, cu, max(lens), scale)
+    out = attention_backends.create(backend).prefill(q, k, v, cu, max(lens), scale)
     assert out.shape == q.shape
     expected = torch.cat([naive_attention(*t, scale) for t in zip(split(q, lens), split(k, lens), split(v, lens))])
     assert_close(out.float(), expected, dtype=q.dtype)
@@ -152,7 +152,7 @@ def test_decode_matches_reference_and_contiguous_cache(backend, heads, kv_heads,
         for i, (ki, n) in enumerate(zip(split(k, lens), lens)):
             assert torch.equal(gather_paged(k_cache, tables[i], n), ki)  # the table finds exactly our K
         outs.append(
-            attention_backend.create(backend).decode(q, k_cache, v_cache, ctx, page_table(backend, tables), scale)
+            attention_backends.create(backend).decode(q, k_cache, v_cache, ctx, page_table(backend, tables), scale)
         )
     expected = decode_reference(q, k, v, lens, scale)
     assert_close(outs[0].float(), expected, dtype=dtype)
@@ -172,7 +172,7 @@ def test_decode_padded_rows(backend):
     tables = torch.cat([tables, torch.full((pad, tables.shape[1]), -1, dtype=torch.int32, device=DEVICE)])
     ctx = torch.tensor(lens + [0] * pad, dtype=torch.int32, device=DEVICE)
     q = torch.randn(len(lens) + pad, heads, HEAD_DIM, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
-    out = attention_backend.create(backend).decode(
+    out = attention_backends.create(backend).decode(
         q, k_cache, v_cache, ctx, page_table(backend, tables), HEAD_DIM**-0.5
     )
     real = out[: len(lens)].float()
@@ -226,7 +226,7 @@ def test_gpu_decode_kernels_agree_on_the_benchmark_shapes():
     """Our Triton decode and FlashAttention-4's own, on Qwen3-0.6B's heads at the batch sizes bench.py meets."""
     from minivllm.kernels.triton.paged_decode import paged_decode
 
-    if "fa4" not in attention_backend.available("cuda"):
+    if "fa4" not in attention_backends.available("cuda"):
         pytest.skip("FlashAttention-4 is not available on this GPU")
     g = torch.Generator().manual_seed(0)
     for batch, ctx in ((1, 2000), (16, 1500), (256, 600)):
@@ -238,9 +238,9 @@ def test_gpu_decode_kernels_agree_on_the_benchmark_shapes():
         ctx_t = torch.tensor(lens, dtype=torch.int32, device="cuda")
         outs = dict(
             triton=paged_decode(q, k_cache, v_cache, ctx_t, tables.clamp(min=0), 128**-0.5),
-            flash=attention_backend.create("fa4").decode(q, k_cache, v_cache, ctx_t, tables.clamp(min=0), 128**-0.5),
+            flash=attention_backends.create("fa4").decode(q, k_cache, v_cache, ctx_t, tables.clamp(min=0), 128**-0.5),
         )
-        exact = attention_backend.create("torch").decode(
+        exact = attention_backends.create("torch").decode(
             q.float(), k_cache.float(), v_cache.float(), ctx_t, tables, 128**-0.5
         )
         err_t, err_f = (outs["triton"].float() - exact).abs().max(), (outs["flash"].float() - exact).abs().max()
@@ -248,7 +248,7 @@ def test_gpu_decode_kernels_agree_on_the_benchmark_shapes():
 
 
 def prefill_paged(backend, q, k_cache, v_cache, cu_q, cu_k, max_q, max_k, ctx, tables, scale):
-    return attention_backend.create(backend).prefill_paged(
+    return attention_backends.create(backend).prefill_paged(
         q,
         k_cache,
         v_cache,
@@ -282,7 +282,7 @@ def test_prefix_prefill_matches_full_recompute(backend, heads, kv_heads, block_s
     out = prefill_paged(
         backend, q_new, k_cache, v_cache, cu_q, cu, max(new), max(lens), ctx, page_table(backend, tables), scale
     )
-    full = attention_backend.create(backend).prefill(q, k, v, cu, max(lens), scale)  # recompute everything
+    full = attention_backends.create(backend).prefill(q, k, v, cu, max(lens), scale)  # recompute everything
     full_rows = torch.cat([fi[n - m :] for fi, n, m in zip(split(full, lens), lens, new)])
     assert_close(out.float(), full_rows.float(), dtype=dtype)
     expected = torch.cat(
@@ -309,7 +309,7 @@ def test_attention_layer_three_paths(backend, layer_backend):
     heads, kv_heads, dtype = 4, 2, dtype_for(backend)
     block_size = 256 if backend == "flash_attn" else 16
     scale = HEAD_DIM**-0.5
-    layer = Attention(heads, HEAD_DIM, scale, kv_heads, backend=attention_backend.create(backend))
+    layer = Attention(heads, HEAD_DIM, scale, kv_heads, backend=attention_backends.create(backend))
     num_blocks = 8
     layer.k_cache = torch.zeros(num_blocks, block_size, kv_heads, HEAD_DIM, dtype=dtype, device=DEVICE)
     layer.v_cache = torch.zeros_like(layer.k_cache)
@@ -395,7 +395,7 @@ def test_attention_layer_three_paths(backend, layer_backend):
     assert_close(out.float(), naive_attention(q3, k_full, v_full, scale), dtype=dtype)
     # ... and equals the fresh-prefill path run over the whole sequence (queries for the prefix made up)
     q_full = torch.cat([torch.randn(block_size, heads, HEAD_DIM, generator=g).to(DEVICE, dtype), q3])
-    recompute = attention_backend.create(backend).prefill(
+    recompute = attention_backends.create(backend).prefill(
         q_full, k_full, v_full, torch.tensor([0, total], dtype=torch.int32, device=DEVICE), total, scale
     )
     assert_close(out.float(), recompute[block_size:].float(), dtype=dtype)
@@ -415,7 +415,7 @@ def test_prefill_step_whose_first_rows_decode(backend, num_decode_rows, layer_ba
     new = [1, 1, 1, 7, 1]  # queries per sequence in this step
     q, k, v, _ = ragged(lens, heads, kv_heads, dtype, seed=5)
     num_blocks, tables, slots = paged_layout(lens, block_size, shuffle=True)
-    layer = Attention(heads, HEAD_DIM, scale, kv_heads, backend=attention_backend.create(backend))
+    layer = Attention(heads, HEAD_DIM, scale, kv_heads, backend=attention_backends.create(backend))
     ends = torch.tensor(lens).cumsum(0)
     new_rows = torch.cat([torch.arange(e - n, e) for e, n in zip(ends.tolist(), new)]).to(DEVICE)  # this step's
     cached = torch.ones(sum(lens), dtype=torch.bool, device=DEVICE)
@@ -458,36 +458,36 @@ def test_bad_input_raises_clear_errors():
     q, k = torch.randn(10, 4, 8), torch.randn(10, 2, 8)
     cu = torch.tensor([0, 4, 10], dtype=torch.int32)
     with pytest.raises(ValueError, match=r"q/k/v token counts 10/9/9 != cu_seqlens\[-1\] = 10"):
-        attention_backend.create("torch").prefill(q, k[:9], k[:9], cu, 6, scale)
+        attention_backends.create("torch").prefill(q, k[:9], k[:9], cu, 6, scale)
     with pytest.raises(ValueError, match="multiple of its 3 kv heads"):
-        attention_backend.create("torch").prefill(q, torch.randn(10, 3, 8), torch.randn(10, 3, 8), cu, 6, scale)
+        attention_backends.create("torch").prefill(q, torch.randn(10, 3, 8), torch.randn(10, 3, 8), cu, 6, scale)
     with pytest.raises(ValueError, match="head_dim of k"):
-        attention_backend.create("torch").prefill(q, torch.randn(10, 2, 4), torch.randn(10, 2, 4), cu, 6, scale)
+        attention_backends.create("torch").prefill(q, torch.randn(10, 2, 4), torch.randn(10, 2, 4), cu, 6, scale)
     with pytest.raises(ValueError, match="must have the same shape"):
-        attention_backend.create("torch").prefill(q, k, torch.randn(10, 1, 8), cu, 6, scale)
+        attention_backends.create("torch").prefill(q, k, torch.randn(10, 1, 8), cu, 6, scale)
 
     k_cache, v_cache = _paged_inputs()
     qd = torch.randn(2, 4, 8)
     ok_ctx, ok_tables = torch.tensor([5, 20], dtype=torch.int32), torch.tensor([[0, -1], [1, 2]], dtype=torch.int32)
-    assert attention_backend.create("torch").decode(qd, k_cache, v_cache, ok_ctx, ok_tables, scale).shape == (2, 4, 8)
+    assert attention_backends.create("torch").decode(qd, k_cache, v_cache, ok_ctx, ok_tables, scale).shape == (2, 4, 8)
     with pytest.raises(ValueError, match=r"block table points outside the cache: blocks 0\.\.7, cache has 4"):
-        attention_backend.create("torch").decode(
+        attention_backends.create("torch").decode(
             qd, k_cache, v_cache, ok_ctx, torch.tensor([[0, -1], [1, 7]], dtype=torch.int32), scale
         )
     with pytest.raises(
         ValueError, match=r"a context of 40 tokens is longer than the block table covers \(2 blocks x 16\)"
     ):
-        attention_backend.create("torch").decode(
+        attention_backends.create("torch").decode(
             qd, k_cache, v_cache, torch.tensor([5, 40], dtype=torch.int32), ok_tables, scale
         )
     with pytest.raises(ValueError, match="3 queries but 2 context lengths"):
-        attention_backend.create("torch").decode(torch.randn(3, 4, 8), k_cache, v_cache, ok_ctx, ok_tables, scale)
+        attention_backends.create("torch").decode(torch.randn(3, 4, 8), k_cache, v_cache, ok_ctx, ok_tables, scale)
     with pytest.raises(ValueError, match=r"block_tables \(1, 2\) must be \(num_seqs=2, max_blocks\)"):
-        attention_backend.create("torch").decode(qd, k_cache, v_cache, ok_ctx, ok_tables[:1], scale)
+        attention_backends.create("torch").decode(qd, k_cache, v_cache, ok_ctx, ok_tables[:1], scale)
     with pytest.raises(ValueError, match="must both be"):
-        attention_backend.create("torch").decode(qd, k_cache, v_cache[:, :8], ok_ctx, ok_tables, scale)
+        attention_backends.create("torch").decode(qd, k_cache, v_cache[:, :8], ok_ctx, ok_tables, scale)
     with pytest.raises(ValueError, match="kv heads"):
-        attention_backend.create("torch").decode(torch.randn(2, 3, 8), k_cache, v_cache, ok_ctx, ok_tables, scale)
+        attention_backends.create("torch").decode(torch.randn(2, 3, 8), k_cache, v_cache, ok_ctx, ok_tables, scale)
 
     cu_q, cu_k = torch.tensor([0, 3, 6], dtype=torch.int32), torch.tensor([0, 5, 25], dtype=torch.int32)
     qp = torch.randn(6, 4, 8)
@@ -515,15 +515,15 @@ def test_bad_input_raises_clear_errors():
             scale,
         )
     with pytest.raises(ValueError, match="unknown attention backend"):
-        attention_backend.select("cpu", torch.float32, "xformers")
+        attention_backends.select("cpu", torch.float32, "xformers")
     with pytest.raises(ValueError, match="unknown attention backend 'xformers'"):
-        attention_backend.create("xformers")
+        attention_backends.create("xformers")
 
 
 def test_a_backend_shares_one_steps_metadata_between_its_layers():
     """The padding-free tables and the prefill rows after the decode rows are made once per step by the backend
     (the step's first layer) and reused by the others; a new step (a new context) makes them again."""
-    backend = attention_backend.create("fa4")  # a table only: nothing runs
+    backend = attention_backends.create("fa4")  # a table only: nothing runs
     tables = torch.tensor([[3, -1], [1, 2], [0, -1]], dtype=torch.int32)
     step = Context(
         is_prefill=True,
@@ -540,4 +540,4 @@ def test_a_backend_shares_one_steps_metadata_between_its_layers():
     assert rows.block_tables.tolist() == [[1, 2], [0, 0]] and rows.context_lens.tolist() == [11, 6]
     later = Context(is_prefill=False, context_lens=step.context_lens, block_tables=tables.flip(0))
     assert backend.tables(later).tolist() == [[0, 0], [1, 2], [3, 0]]
-    assert attention_backend.create("torch").tables(step) is tables  # torch reads the -1 padding itself
+    assert attention_backends.create("torch").tables(step) is tables  # torch reads the -1 padding itself

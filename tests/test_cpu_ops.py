@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from minivllm import LLM, SamplingParams
-from minivllm.kernels import KernelOptions, pick
+from minivllm.kernels import KernelOptions, attention_backends, pick
 from minivllm.kernels.cpu import build
 from minivllm.kernels.cpu import ops as cpu_ops
-from minivllm.layers import activation, attention, attention_backend, layernorm, rotary_embedding, torch_attention
+from minivllm.layers import activation, attention, layernorm, rotary_embedding, torch_attention
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -183,11 +183,11 @@ def test_layers_take_the_cpp_path_on_cpu_and_the_option_turns_it_off():
     assert torch.equal(norm(x), layernorm.rms_norm(x, norm.weight, norm.eps))  # the torch definition
     assert torch.equal(act(gate_up), activation.silu_and_mul(gate_up))
     assert attn.store is attention.store_kvcache_torch
-    assert attention_backend.create("torch", decode=table.paged_decode).decode is cpu_ops.checked_paged_decode
+    assert attention_backends.create("torch", decode=table.paged_decode).decode is cpu_ops.checked_paged_decode
     args = paged_inputs(torch.bfloat16, [30, 7], 4, 2, 64, 16)
     torch.testing.assert_close(
         cpu_ops.paged_decode(*args, 0.125).float(),
-        attention_backend.create("torch").decode(*args, 0.125).float(),
+        attention_backends.create("torch").decode(*args, 0.125).float(),
         atol=1e-2,
         rtol=1e-2,
     )

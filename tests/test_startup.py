@@ -231,10 +231,10 @@ def test_attention_compile_ahead_makes_the_warmup_prefills_call(tiny_qwen3, monk
     stand-in cache; it must be the kernel warmup_attention's prefill then runs, so the stand-in must make the
     layers' call: the same dtypes, head counts, page size, tokens, batch and which arguments are given (what
     the kernel's compile key is made of). Both calls recorded with the torch backend on CPU."""
+    from minivllm.kernels import attention_backends
     from minivllm.kernels.startup import attention_compile
-    from minivllm.layers import attention_backend
 
-    calls, prefill_paged = [], attention_backend.TorchBackend.prefill_paged
+    calls, prefill_paged = [], attention_backends.TorchBackend.prefill_paged
 
     def recorded(backend, q, k_cache, v_cache, **kw):
         calls.append(
@@ -250,7 +250,7 @@ def test_attention_compile_ahead_makes_the_warmup_prefills_call(tiny_qwen3, monk
                     if name not in ("max_seqlen_q", "max_seqlen_k", "scale")
                 ),
                 len(kw["cu_seqlens_q"]) - 1,  # sequences
-                max(kw["max_seqlen_q"], attention_backend.FA4_MIN_SEQLEN_Q),  # what FlashAttention-4 gets
+                max(kw["max_seqlen_q"], attention_backends.FA4_MIN_SEQLEN_Q),  # what FlashAttention-4 gets
                 kw["scale"],
             )
         )
@@ -262,7 +262,7 @@ def test_attention_compile_ahead_makes_the_warmup_prefills_call(tiny_qwen3, monk
     runner = llm.model_runner
     assert runner.compile_ahead.attention is None  # no thread on CPU
     runner.prefill_keys_from_cache = True  # as with FlashAttention-4
-    monkeypatch.setattr(attention_backend.TorchBackend, "prefill_paged", recorded)
+    monkeypatch.setattr(attention_backends.TorchBackend, "prefill_paged", recorded)
     runner.warmup_attention()
     layers = len(runner.attn_layers)
     assert len(calls) == layers and len(set(calls)) == 1
@@ -329,8 +329,8 @@ def test_an_engine_stops_the_helper_it_does_not_use(tiny_qwen3, fa4_cache, monke
     it, and one whose start-up fails after sending it the stand-in stops it too; neither leaves it compiling
     beside the next engine's KV-cache sizing."""
     from minivllm.engine.model_runner import ModelRunner
+    from minivllm.kernels import attention_backends
     from minivllm.kernels.startup import attention_compile
-    from minivllm.layers import attention_backend
 
     spawned, spawn = [], attention_compile.spawn_helper
     monkeypatch.setattr(attention_compile, "spawn_helper", lambda **kw: spawned.append(spawn(**kw)) or spawned[-1])
@@ -338,7 +338,7 @@ def test_an_engine_stops_the_helper_it_does_not_use(tiny_qwen3, fa4_cache, monke
     LLM(tiny_qwen3, device="cpu", num_kvcache_blocks=8).exit()  # "auto", an empty disk cache: a helper
     assert len(spawned) == 1 and spawned[0].process.poll() is not None and spawned[0].log.closed
 
-    monkeypatch.setattr(attention_backend, "select", lambda device, dtype, name: "fa4")
+    monkeypatch.setattr(attention_backends, "select", lambda device, dtype, name: "fa4")
 
     def fails(self):
         assert self.compile_ahead.attention.helper is spawned[-1]  # the stand-in went to the helper

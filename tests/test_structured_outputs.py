@@ -18,13 +18,13 @@ import torch
 from conftest import needs_smollm2
 from helpers.tiny_model import CHAT_TEMPLATE, make_tiny_checkpoint
 from minivllm import LLM, SamplingParams
+from minivllm.frontend.default_model import default_model_dir
 from minivllm.frontend.sampling_checks import check_sampling_params
 from minivllm.frontend.structured_outputs.bitmask import GrammarMask, allowed_tokens, apply_grammar_mask, num_words
 from minivllm.frontend.structured_outputs.grammar import GrammarCompiler, choice_grammar
 from minivllm.frontend.structured_outputs.params import StructuredOutputsParams
 from minivllm.serve.async_llm import AsyncLLM
 from minivllm.serve.openai_server import ServerThread
-from minivllm.utils.default_model import default_model_dir
 
 ARGS = dict(kvcache_block_size=16, max_model_len=512, num_kvcache_blocks=96, max_num_seqs=8)
 PROMPTS = ["The quick brown fox", "What is the capital of France?", "minivllm is", "Paris"]

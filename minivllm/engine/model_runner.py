@@ -18,7 +18,6 @@ from minivllm.engine.sampling_hook import SamplingHook
 from minivllm.engine.sequence import Sequence
 from minivllm.engine.step_handle import StepHandle
 from minivllm.engine.step_inputs import DecodeLayout, InputBuffers, StepInput
-from minivllm.layers import attention_backend
 from minivllm.layers.attention import Attention
 from minivllm.layers.sampler import Sampler
 from minivllm.models.qwen3 import Qwen3ForCausalLM
@@ -52,9 +51,9 @@ class ModelRunner:
         # GPU: FlashAttention-4's prefill kernel and our Triton kernels compile beside the load (kernels/startup)
         self.compile_ahead = kernels.begin_compile(config, self.device, self.dtype, rank)
         try:
-            name = attention_backend.select(self.device, self.dtype, config.attention_backend)
+            name = kernels.attention_backends.select(self.device, self.dtype, config.attention_backend)
             self.ops = kernels.pick(self.device, self.dtype, backend=name, options=config.kernels)
-            self.backend = attention_backend.create(name, decode=self.ops.paged_decode)
+            self.backend = kernels.attention_backends.create(name, decode=self.ops.paged_decode)
             self.prefill_keys_from_cache = self.backend.keys_from_cache
             self.sampler = Sampler(config.seed, self.device, self.ops)
             self.allocate_buffers()

@@ -15,14 +15,16 @@ its torch definition, or one call to the kernel it was given. An entry that is N
 
 `KernelOptions` (the engine's `Config.kernels`) are measurement and debugging knobs: each turns one kernel family
 off. A layer built alone gets `TORCH`; a test builds it with another table (`ops=pick(...)`), or forces what `pick`
-returns to the engines it starts with `override` (nanochat's `_override_impl`). `begin_compile` is the GPU start-up's
-seam: the kernels compiled beside the model's load (kernels/startup/)."""
+returns to the engines it starts with `override` (nanochat's `_override_impl`). `attention_backends` is the attention's
+one decision (`select`) and its backend objects (`create`); `begin_compile` is the GPU start-up's seam: the kernels
+compiled beside the model's load (kernels/startup/)."""
 
 import torch
 
+from minivllm.kernels import attention_backends
 from minivllm.kernels.table import TORCH, KernelOptions, Ops, compiled, override, pick
 
-__all__ = ["TORCH", "KernelOptions", "Ops", "begin_compile", "compiled", "override", "pick"]
+__all__ = ["TORCH", "KernelOptions", "Ops", "attention_backends", "begin_compile", "compiled", "override", "pick"]
 
 
 def begin_compile(config, device: torch.device, dtype: torch.dtype, rank: int):

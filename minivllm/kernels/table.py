@@ -110,7 +110,7 @@ def pick(
     backend: str = "torch",
     options: KernelOptions | None = None,
 ) -> Ops:
-    """The kernels of an engine on `device` running `dtype` with attention `backend` (layers/attention_backend.py)."""
+    """The kernels of an engine on `device` running `dtype` with attention `backend` (kernels/attention_backends.py)."""
     if _override_impl is not None:
         return _override_impl
     options = options or KernelOptions()

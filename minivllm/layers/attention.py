@@ -12,8 +12,7 @@ import torch
 from torch import nn
 
 from minivllm.kernels.table import TORCH, Ops
-from minivllm.layers.attention_backend import TorchBackend
-from minivllm.layers.attention_metadata import AttentionBackend
+from minivllm.layers.attention_backend import AttentionBackend, TorchBackend
 from minivllm.utils.context import Context, get_context
 
 

@@ -1,28 +1,75 @@
-"""Which attention kernels run: one decision point (`select`), and the backend as an object (`create`).
-
-- "flash_attn": the flash-attn package (FA2), nano-vllm's two calls (layers/flash_attention.py);
-- "fa4": FlashAttention-4 (`flash_attn.cute`), on SM90 and later (layers/flash_attention.py);
-- "torch": plain torch over the same paged cache, on any device, CPU users and CI (layers/torch_attention.py).
-An engine asks `select(device, dtype, Config.attention_backend)` once: a name forces that backend, None picks the
-fastest available. The runner builds that backend's object and the model gives it to each Attention layer at
-construction, so two engines in one process can use different backends.
-
-A backend object has the three calls the layer makes (`prefill`, `prefill_paged`, `decode`) and the metadata they
-read, made once per step (layers/attention_metadata.py). Decode with the flash backends runs our Triton kernel
-instead of theirs (kernels/triton/paged_decode.py: GQA-grouped, split-KV for small batches) unless the
-`decode_kernel` kernel option asks for the backend's own; on CPU the C++ one when built: the engine's kernel table
-holds it and the runner passes it as `decode`."""
+"""What an attention backend is: the three calls an Attention layer makes (`prefill`, `prefill_paged`, `decode`),
+its decode kernel, chosen when it is built, and the metadata of a step its kernels read, made by the step's first
+layer and reused by the others (the block tables as the kernels read them, the prefill rows after the decode
+rows). The torch backend is here: plain torch over the paged cache (layers/torch_attention.py), what runs on CPU
+and what a layer built alone gets. The flash backends and the one decision between them are kernels
+(kernels/attention_backends.py); the runner builds one backend object and the model gives it to every layer."""
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from minivllm.layers import torch_attention
-from minivllm.layers.attention_metadata import AttentionBackend
-from minivllm.layers.flash_attention import FA4_MIN_SEQLEN_Q, FA4Backend, FlashAttnBackend, _fa2, _fa4, fa4_cache_env
+from minivllm.utils.context import Context
 
-BACKENDS = ("flash_attn", "fa4", "torch")
-__all__ = ["BACKENDS", "FA4_MIN_SEQLEN_Q", "TorchBackend", "available", "create", "fa4_cache_env", "select"]
+
+@dataclass(slots=True)
+class PrefillRows:
+    """A prefill step's rows after its decode rows: offsets from 0 again."""
+
+    cu_seqlens_q: torch.Tensor  # (rows + 1,) int32
+    cu_seqlens_k: torch.Tensor  # (rows + 1,) int32
+    context_lens: torch.Tensor  # (rows,) int32
+    block_tables: torch.Tensor  # (rows, max_blocks) int32
+
+
+class AttentionBackend:
+    """The three calls an Attention layer makes (`prefill`, `prefill_paged`, `decode`), in a subclass. `decode`: a
+    kernel that replaces the backend's own decode (same signature: ours in Triton, or C++ on CPU)."""
+
+    name = "base"
+    keys_from_cache = False  # every prefill reads its keys from the cache (FlashAttention-4: one kernel variant)
+    page_table = False  # the kernels read every table entry: -1 padding mapped to block 0
+
+    def __init__(self, decode: Callable | None = None) -> None:
+        self.decode = decode or self.own_decode
+        self._context: Context | None = None  # the step the metadata below belongs to
+        self._tables: torch.Tensor | None = None
+        self._rows: PrefillRows | None = None
+
+    def own_decode(self, q, k_cache, v_cache, context_lens, block_tables, scale: float) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _step(self, context: Context) -> None:
+        if self._context is not context:  # the runner sets a fresh context per step (and per graph capture)
+            self._context, self._tables, self._rows = context, None, None
+
+    def tables(self, context: Context) -> torch.Tensor | None:
+        """The step's block tables as the kernels read them: -1 padded, or with `page_table` the padding mapped to
+        block 0 (made once per step, not once per layer; inside a graph's capture, in the graph)."""
+        if not self.page_table or context.block_tables is None:
+            return context.block_tables
+        self._step(context)
+        if self._tables is None:
+            self._tables = context.block_tables.clamp(min=0)
+        return self._tables
+
+    def prefill_rows(self, context: Context) -> PrefillRows:
+        """The rows after the first num_decode_rows, the ones the prefill kernel takes. With decode rows first, in
+        fresh tensors (kernels get aligned copies, not views at an odd offset), made once per step."""
+        d, tables = context.num_decode_rows, self.tables(context)
+        if d == 0:
+            return PrefillRows(context.cu_seqlens_q, context.cu_seqlens_k, context.context_lens, tables)
+        self._step(context)
+        if self._rows is None:
+            self._rows = PrefillRows(
+                cu_seqlens_q=context.cu_seqlens_q[d:] - d,
+                cu_seqlens_k=context.cu_seqlens_k[d:] - context.cu_seqlens_k[d],
+                context_lens=context.context_lens[d:].clone(),
+                block_tables=tables[d:].clone(),
+            )
+        return self._rows
 
 
 class TorchBackend(AttentionBackend):
@@ -50,31 +97,3 @@ class TorchBackend(AttentionBackend):
         return torch_attention.paged_decode_attention(
             q, k_cache, v_cache, context_lens, block_tables, scale, self.gathers
         )
-
-
-CLASSES = {"torch": TorchBackend, "flash_attn": FlashAttnBackend, "fa4": FA4Backend}
-
-
-def available(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> list[str]:
-    """Backends that can run on `device` for `dtype`, fastest first (the flash kernels take fp16/bf16 only)."""
-    if torch.device(device).type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
-        return ["torch"]
-    return [name for name, ok in (("fa4", _fa4()), ("flash_attn", _fa2())) if ok] + ["torch"]
-
-
-def select(device: torch.device | str, dtype: torch.dtype = torch.bfloat16, name: str | None = None) -> str:
-    """The backend to use: `name` if given (an error if it cannot run here), else the fastest available."""
-    if name is None:
-        return available(device, dtype)[0]
-    if name not in BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; choose from {BACKENDS}")
-    if name not in available(device, dtype):
-        raise RuntimeError(f"attention backend {name!r} is not available on {device} for {dtype}")
-    return name
-
-
-def create(name: str = "torch", decode: Callable | None = None) -> AttentionBackend:
-    """The backend `name`'s object (`select` says which can run here); `decode` replaces its own decode."""
-    if name not in CLASSES:
-        raise ValueError(f"unknown attention backend {name!r}; choose from {BACKENDS}")
-    return CLASSES[name](decode)

@@ -110,7 +110,7 @@ def serve_main(argv: list[str]) -> int:
 
     name = args.served_model_name or args.model or DEFAULT_NAME
     if args.model is None:
-        from minivllm.utils.default_model import default_model_dir
+        from minivllm.frontend.default_model import default_model_dir
 
         args.model = default_model_dir()
     engine_args = {k: getattr(args, k) for k in ENGINE_ARGS if getattr(args, k) is not None}

@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from minivllm.layers import attention_backend
+from minivllm.kernels import attention_backends
 
 REQUIRE_FA4 = "MINIVLLM_REQUIRE_FA4"
 
@@ -43,7 +43,7 @@ def flash_backends() -> list[str]:
     machine without CUDA. With a GPU and MINIVLLM_REQUIRE_FA4=1, raises unless "fa4" is among them."""
     if not torch.cuda.is_available():
         return []
-    names = [b for b in attention_backend.available("cuda") if b != "torch"]
+    names = [b for b in attention_backends.available("cuda") if b != "torch"]
     if fa4_required() and "fa4" not in names:
         raise RuntimeError(f"{REQUIRE_FA4}=1 but FlashAttention-4 cannot run here: {why_no_fa4()}")
     return names

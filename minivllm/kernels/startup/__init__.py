@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import torch
 
 from minivllm.config import Config
+from minivllm.kernels import attention_backends
 from minivllm.kernels.startup import attention_compile, triton_compile, warmup
 from minivllm.kernels.startup.attention_compile import AttentionCompile
 from minivllm.kernels.startup.triton_compile import TritonCompile
-from minivllm.layers import attention_backend
 
 
 @dataclass
@@ -30,7 +30,7 @@ class CompileAhead:
     @classmethod
     def start(cls, config: Config, device: torch.device, dtype: torch.dtype, rank: int) -> "CompileAhead":
         """Start the helper process (it pays its imports now, beside the engine's) and the Triton threads; then,
-        once the attention backend is known (`attention_backend.select` imports FlashAttention-4 here), its compile
+        once the attention backend is known (`attention_backends.select` imports FlashAttention-4 here), its compile
         on a thread, or stop the helper whose kernel is not wanted (FlashAttention-4 was expected but did not
         import)."""
         options = config.kernels
@@ -41,7 +41,7 @@ class CompileAhead:
                 ahead.attention = attention_compile.start(config, device, dtype, "process")
             if device.type == "cuda" and options.triton_compile:
                 ahead.triton = triton_compile.start(config, device, dtype, rank)
-            if attention_backend.select(device, dtype, config.attention_backend) != "fa4":
+            if attention_backends.select(device, dtype, config.attention_backend) != "fa4":
                 ahead.cancel()
             elif where == "thread":
                 ahead.attention = attention_compile.start(config, device, dtype, "thread")

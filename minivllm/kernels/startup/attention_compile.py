@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from minivllm.kernels import attention_backends
 from minivllm.kernels.startup.attention_helper import HELPER_WAIT_S, NO_REQUEST, Helper, spawn_helper
-from minivllm.layers import attention_backend
 
 if TYPE_CHECKING:
     from minivllm.config import Config
@@ -85,7 +85,7 @@ def stand_in_prefill_attention(s: StandIn, device: torch.device, dtype: torch.dt
         q = torch.zeros(s.new, s.heads, s.head_dim, dtype=dtype, device=device)  # (new, H, D)
         k_cache = torch.zeros(s.blocks, s.block_size, s.kv_heads, s.head_dim, dtype=dtype, device=device)
         i32 = dict(dtype=torch.int32, device=device)
-        attention_backend.create(backend).prefill_paged(
+        attention_backends.create(backend).prefill_paged(
             q,
             k_cache,
             torch.zeros_like(k_cache),
@@ -155,7 +155,7 @@ def fa4_installed() -> bool:
 
 
 def fa4_expected(device: torch.device, dtype: torch.dtype, name: str | None) -> bool:
-    """Whether `attention_backend.select` will choose FlashAttention-4, known without importing it (seconds)."""
+    """Whether `attention_backends.select` will choose FlashAttention-4, known without importing it (seconds)."""
     return (
         device.type == "cuda"
         and name in (None, "fa4")
@@ -168,7 +168,7 @@ def fa4_expected(device: torch.device, dtype: torch.dtype, name: str | None) -> 
 def disk_cache_dir() -> str | None:
     """FlashAttention-4's disk cache directory, or None when its disk cache is off (a helper's kernel would
     then be lost with the helper)."""
-    attention_backend.fa4_cache_env()  # on unless the user turned it off
+    attention_backends.fa4_cache_env()  # on unless the user turned it off
     if os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED") != "1":
         return None
     return os.environ.get("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR")
@@ -197,7 +197,7 @@ def start(
     backend: str = "fa4",
     helper: Helper | None = None,
 ) -> AttentionCompile:
-    """Start compiling `backend`'s kernel on a thread (after `attention_backend.select` has imported
+    """Start compiling `backend`'s kernel on a thread (after `attention_backends.select` has imported
     FlashAttention-4) or in `helper` (a fresh one if None)."""
     s = StandIn.of(config)
     if where == "thread":
@@ -219,7 +219,7 @@ def main(argv: list[str]) -> int:
     """The helper process: import torch and FlashAttention-4, wait on stdin for one stand-in (JSON), run it
     (FlashAttention-4 exports the compiled kernel to its disk cache), exit 0. No request within `argv[0]`
     seconds, or stdin closed (the engine's process ended): exit NO_REQUEST without compiling."""
-    attention_backend.available("cuda")  # imports FlashAttention-4 (seconds) before the request comes
+    attention_backends.available("cuda")  # imports FlashAttention-4 (seconds) before the request comes
     ready, _, _ = select.select([sys.stdin], [], [], float(argv[0]))
     line = sys.stdin.readline() if ready else ""
     if not line.strip():

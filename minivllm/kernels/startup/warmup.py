@@ -8,8 +8,8 @@ import torch
 from minivllm.engine import step_inputs
 from minivllm.engine.kv_cache import kv_cache_shape
 from minivllm.engine.sequence import Sequence
+from minivllm.kernels import attention_backends
 from minivllm.kernels.startup.attention_compile import attention_warmup_tokens
-from minivllm.layers import attention_backend
 
 
 @torch.inference_mode()
@@ -37,7 +37,7 @@ def warmup_model(runner) -> None:
     runner.bind_kv_cache(torch.zeros(kv_cache_shape(c, 1), dtype=runner.dtype, device=runner.device))
     backends = [m.backend for m in runner.attn_layers]
     if runner.prefill_keys_from_cache:
-        fresh_keys = attention_backend.create("torch")
+        fresh_keys = attention_backends.create("torch")
         for m in runner.attn_layers:
             m.backend = fresh_keys
     try:
