@@ -25,7 +25,7 @@ from minivllm import LLM
 from minivllm.__main__ import main
 from minivllm.engine import model_runner
 from minivllm.engine.model_runner import ModelRunner
-from minivllm.utils import default_model
+from minivllm.frontend import default_model
 
 TEMPLATE = (
     "{% for m in messages %}<|user|>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|bot|>{% endif %}"
