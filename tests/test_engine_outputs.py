@@ -139,8 +139,8 @@ def test_decode_stream_text_is_exactly_decode(tokenizer):
 
 def test_the_core_imports_no_front_end():
     """The core (engine/, layers/, models/, utils/, config, sampling_params, checkpoint) never imports the front end
-    or the server, directly or through another module: they reach it from outside (the sampling hook, the output
-    processor)."""
+    or the server, directly or through another core module: they reach it from outside (the sampling hook, the
+    output processor). (What kernels/ imports is the kernels' own rule: the walk does not enter it.)"""
     from test_imports import MODULES, imports_of
 
     core = [
@@ -155,6 +155,6 @@ def test_the_core_imports_no_front_end():
         while todo:  # every module `name` reaches
             for m in graph[todo.pop()] - seen:
                 seen.add(m)
-                todo.append(m)
+                todo += [] if m.startswith("minivllm.kernels") else [m]
         extras = sorted(m for m in seen if m.startswith(("minivllm.frontend", "minivllm.serve")))
         assert not extras, f"{name} reaches {extras}"
