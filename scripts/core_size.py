@@ -33,8 +33,8 @@ NANO_VLLM = {
     "utils/context.py": 21,
     "utils/loader.py": 24,
 }
-CORE = ["config.py", "sampling_params.py", "engine", "layers", "models", "utils/context.py", "utils/loader.py"]
-CORE += ["utils/dist.py"]
+CORE = ["config.py", "sampling_params.py", "llm.py", "engine", "layers", "models", "utils/context.py"]
+CORE += ["utils/loader.py", "utils/dist.py"]
 EXTRAS = ("kernels/", "frontend/", "serve/")
 
 
@@ -67,7 +67,8 @@ def reached(start: list[Path]) -> set[Path]:
         path = todo.pop()
         if path not in seen:
             seen.add(path)
-            todo += imports(path)
+            if not str(path.relative_to(ROOT)).startswith(EXTRAS):  # an extra's own imports are not the core's
+                todo += imports(path)
     return seen
 
 
@@ -100,7 +101,7 @@ def main() -> None:
     ratio = report["named_lines"] / report["named_nano_vllm_lines"]
     print(f"the {len(NANO_VLLM)} files with nano-vllm's names: {report['named_lines']} lines, {ratio:.2f}x nano-vllm's")
     if extras:
-        print(f"extras the core imports (should be none): {sorted(extras)}")
+        print(f"extras the core imports (the seams, and llm.py's front end): {sorted(extras)}")
 
 
 if __name__ == "__main__":

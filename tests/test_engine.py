@@ -449,7 +449,8 @@ def test_gpu_graphs_captured_without_their_own_warm_up_equal_eager(tiny_qwen3):
     """Capture runs an eager warm-up only for the first batch size of each kernel variant (model_runner.py
     capture_cudagraph). Batches that replay the other sizes' graphs (with the tiny model's two KV heads sizes 2-8
     share a variant, and 48-64) must decode the same greedy tokens as eager steps."""
-    from minivllm.engine.cuda_graphs import decode_graph_variant, graph_batch_sizes
+    from minivllm.engine.cuda_graphs import graph_batch_sizes
+    from minivllm.kernels import decode_graph_variant
 
     prompts = [
         torch.randint(1, 512, (1 + (5 * i) % 37,), generator=torch.Generator().manual_seed(i)).tolist()

@@ -133,3 +133,36 @@ def test_no_private_torch_distributed_api():
         source = path.read_text()
         for private in ("distributed_c10d", "_update_default_pg", "_world"):
             assert private not in source, (name, private)
+
+
+# --- the core and the extras ---------------------------------------------------------------------------
+# The core reads file for file beside nano-vllm; what minivllm adds plugs into it from outside. The core never
+# imports an extra (minivllm.kernels itself is the seam: `pick` and the tables it returns).
+CORE = ("minivllm.config", "minivllm.sampling_params", "minivllm.engine", "minivllm.layers", "minivllm.models")
+CORE += ("minivllm.utils",)
+EXTRAS = ("minivllm.frontend", "minivllm.serve", "minivllm.kernels.cpu", "minivllm.kernels.triton")
+EXTRAS += ("minivllm.kernels.startup", "minivllm.kernels.attention_backends", "minivllm.kernels.flash_attention")
+
+
+def within(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def core_imports_of_extras(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    return {
+        name: sorted(m for m in imported if within(m, EXTRAS))
+        for name, imported in graph.items()
+        if within(name, CORE) and any(within(m, EXTRAS) for m in imported)
+    }
+
+
+def test_the_core_never_imports_an_extra():
+    graph = {name: imports_of(name) for name in MODULES}
+    assert core_imports_of_extras(graph) == {}
+    planted = dict(graph, **{"minivllm.engine.scheduler": {"minivllm.serve.core", "minivllm.kernels"}})
+    assert core_imports_of_extras(planted)["minivllm.engine.scheduler"] == ["minivllm.serve.core"]
+
+
+def test_no_test_code_in_the_package():
+    assert not (ROOT / "testing").exists()
+    assert not [name for name in MODULES if name.rpartition(".")[2].startswith(("test_", "conftest"))]

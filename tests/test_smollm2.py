@@ -11,8 +11,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 
 from conftest import needs_smollm2
 from minivllm import LLM, SamplingParams
+from minivllm.frontend import default_model as dm
 from minivllm.frontend.default_model import default_model_dir
-from minivllm.utils import default_model as dm
+from minivllm.kernels.cache import cache_root
 
 QUESTIONS = ["What is the capital of France?", "Name three primary colors.", "Write one sentence about the sea."]
 MAX_TOKENS = 24
@@ -24,12 +25,12 @@ MAX_TOKENS = 24
 def test_cache_root_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("MINIVLLM_CACHE", str(tmp_path / "mine"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert dm.cache_root() == str(tmp_path / "mine")
+    assert cache_root() == str(tmp_path / "mine")
     monkeypatch.delenv("MINIVLLM_CACHE")
-    assert dm.cache_root() == str(tmp_path / "xdg" / "minivllm")
+    assert cache_root() == str(tmp_path / "xdg" / "minivllm")
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert dm.cache_root() == str(tmp_path / "home" / ".cache" / "minivllm")
+    assert cache_root() == str(tmp_path / "home" / ".cache" / "minivllm")
 
 
 def test_missing_package_says_how_to_install_it(monkeypatch, tmp_path):

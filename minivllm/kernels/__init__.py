@@ -24,7 +24,17 @@ import torch
 from minivllm.kernels import attention_backends
 from minivllm.kernels.table import TORCH, KernelOptions, Ops, compiled, override, pick
 
-__all__ = ["TORCH", "KernelOptions", "Ops", "attention_backends", "begin_compile", "compiled", "override", "pick"]
+__all__ = [
+    "TORCH",
+    "KernelOptions",
+    "Ops",
+    "attention_backends",
+    "begin_compile",
+    "compiled",
+    "decode_graph_variant",
+    "override",
+    "pick",
+]
 
 
 def begin_compile(config, device: torch.device, dtype: torch.dtype, rank: int):
@@ -35,3 +45,12 @@ def begin_compile(config, device: torch.device, dtype: torch.dtype, rank: int):
     from minivllm.kernels.startup import CompileAhead
 
     return CompileAhead.start(config, device, dtype, rank)
+
+
+def decode_graph_variant(batch: int, num_kv_heads: int) -> tuple[int, bool]:
+    """Which compiled kernels a decode graph of `batch` sequences launches: the same for two batch sizes unless
+    the decode attention's split count differs (its split and combine kernels) or one of them is 1 (Triton
+    specialises integer arguments equal to 1). The graph capture warms up each variant once (engine/cuda_graphs.py)."""
+    from minivllm.kernels.triton.paged_decode import num_splits
+
+    return num_splits(batch, num_kv_heads), batch == 1

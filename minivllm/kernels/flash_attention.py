@@ -8,7 +8,7 @@ from functools import lru_cache
 
 import torch
 
-from minivllm.frontend.default_model import cache_root
+from minivllm.kernels.cache import cache_root
 from minivllm.layers.attention_backend import AttentionBackend
 
 # FlashAttention-4 compiles a separate kernel when every sequence's queries fit in one tile of rows (up to 256

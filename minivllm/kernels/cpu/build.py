@@ -17,7 +17,7 @@ import tempfile
 
 import torch
 
-from minivllm.frontend.default_model import cache_root
+from minivllm.kernels.cache import cache_root
 
 CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 SOURCES = [os.path.join(CSRC, name) for name in ("cpu_ops.h", "elementwise.cpp", "paged_decode.cpp")]

@@ -59,7 +59,8 @@ class CompileAhead:
         if self.triton is not None:
             seconds["triton_compile"] = timed(self.wait_triton, self.device)
         if self.attention is not None:
-            seconds[f"attention_{self.attention.where}"] = timed(self.wait_attention, self.device)
+            key = f"attention_{self.attention.where}"  # (named first: the wait lets go of self.attention)
+            seconds[key] = timed(self.wait_attention, self.device)
         return seconds
 
     def wait_triton(self) -> None:
