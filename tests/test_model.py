@@ -286,7 +286,7 @@ def test_tied_embeddings_share_one_storage(tiny_qwen3, tiny_llama):
 
 
 def gpu_backends() -> list[str]:
-    from minivllm.layers.attention_backend import available
+    from minivllm.kernels.attention_backends import available
 
     return available("cuda") if torch.cuda.is_available() else ["fa4", "torch"]
 

@@ -355,13 +355,13 @@ def scheduled(seq: Sequence) -> Sequence:
 def test_gpu_plain_batches_keep_the_graph_sampler(tiny_qwen3, monkeypatch):
     """With CUDA graphs, decode steps of plain batches never call the eager sampling path; a penalised row
     does; the penalised tokens equal an eager engine's."""
-    from minivllm.engine import model_runner
+    from minivllm.layers.sampler import Sampler
 
     kw = dict(device="cuda", dtype="float32", num_kvcache_blocks=64, seed=5, **ARGS)
     graphed = LLM(tiny_qwen3, **kw)
     calls = []
-    original = model_runner.sample_tokens  # the eager sampling path
-    monkeypatch.setattr(model_runner, "sample_tokens", lambda *a: calls.append(a[2]) or original(*a))
+    original = Sampler.forward  # the eager draw (a graph's replay runs no Python: patched after the capture)
+    monkeypatch.setattr(Sampler, "forward", lambda self, *a, **kw: calls.append(1) or original(self, *a, **kw))
     graphed.generate(P, SamplingParams(temperature=0.8, max_tokens=N, ignore_eos=True), use_tqdm=False)
     assert len(calls) == 1  # the prefill step only
     pen = greedy(repetition_penalty=1.5)

@@ -151,7 +151,7 @@ def test_gpu_helper_process_compiles_the_kernel_prefills_run(gpu_bf16_qwen3, tmp
 def test_gpu_fa4_prefill_over_the_cache_equals_its_fresh_path(gpu_bf16_qwen3):
     """FlashAttention-4 engines read every prefill's keys through the page table: greedy tokens equal those of
     its fresh-key kernel (the path before), for short and long prompts, a prefix hit and chunks."""
-    from minivllm.layers.attention_backend import available
+    from minivllm.kernels.attention_backends import available
 
     if "fa4" not in available("cuda"):
         pytest.skip("FlashAttention-4 is not available on this GPU")
