@@ -1,5 +1,5 @@
 """Random arrivals and aborts through the engine's step API (engine/llm_engine.py) and through the async loop
-(engine/async_llm.py), checked against the scheduler's invariants. The model runner is replaced by a fake
+(serve/async_llm.py), checked against the scheduler's invariants. The model runner is replaced by a fake
 that builds each step's real inputs (step_inputs.py) and "samples" a token that depends only on the
 sequence and the position, so an oracle knows every output; hypothesis draws the workloads (prompts sharing
 prefixes, arrival and abort times, n, max_tokens, min_tokens, stop tokens, ignore_eos, penalties, output

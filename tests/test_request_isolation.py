@@ -104,14 +104,14 @@ def test_a_failure_no_request_causes_stops_the_step(tiny_qwen3, monkeypatch):
 
 
 def test_a_grammar_compiles_off_the_step_loop(llm, monkeypatch):
-    """A request whose grammar takes 1.5 s to compile waits for it in a thread of the pool; meanwhile every step of
-    the running request stays short and the running request keeps getting tokens; then the grammar request runs
-    and its output is in its language."""
-    real, threads = GrammarCompiler.compile, []
+    """A request whose grammar compiles for as long as the engine takes 12 steps waits for it in a thread of the
+    pool; meanwhile every step of the running request stays short and the running request keeps getting tokens;
+    then the grammar request runs and its output is in its language."""
+    real, threads, release = GrammarCompiler.compile, [], threading.Event()
 
     def slow_compile(self, params):
         threads.append(threading.current_thread())
-        time.sleep(1.5)  # a heavy grammar (the GIL is free meanwhile, as in xgrammar's compile)
+        assert release.wait(timeout=60)  # a heavy grammar: its compile ends once the test has seen 12 steps
         return real(self, params)
 
     monkeypatch.setattr(GrammarCompiler, "compile", slow_compile)
@@ -126,6 +126,8 @@ def test_a_grammar_compiles_off_the_step_loop(llm, monkeypatch):
         t = time.perf_counter()
         outputs.update({o.request_id: o for o in llm.step()})
         steps.append(time.perf_counter() - t)
+        if len(steps) == 12:
+            release.set()
         assert running.num_completion_tokens < 200, "the running request finished before the compile did"
     assert threads and threads[0] is not threading.current_thread()
     assert len(steps) > 10 and max(steps) < 0.5, (len(steps), max(steps))

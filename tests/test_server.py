@@ -1,4 +1,4 @@
-"""The OpenAI-compatible server (minivllm/serve/, engine/async_llm.py) with the real `openai` client on a
+"""The OpenAI-compatible server (minivllm/serve/, serve/async_llm.py) with the real `openai` client on a
 tiny model: completions and chat (also streamed) equal the offline LLM's outputs, vLLM's extra sampling
 fields reach the engine, bad requests get a 400 with OpenAI's error body and the server keeps serving,
 64 concurrent streaming clients get offline generate's greedy tokens and leave every KV block free, a client

@@ -1,4 +1,4 @@
-"""The server over the engine core in its own process (engine/core.py, core_client.py), as `minivllm serve` runs
+"""The server over the engine core in its own process (serve/core.py, core_client.py), as `minivllm serve` runs
 it, on a tiny model with the real `openai` client: outputs equal the offline LLM's (greedy, n > 1 seeded, stop
 strings, logprobs), /metrics /tokenize /detokenize /version answer as vLLM's, /health answers at once while a
 5 MB prompt is tokenised, 256 concurrent streams all complete with offline tokens, 50 clients that disconnect

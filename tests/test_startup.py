@@ -227,7 +227,7 @@ def test_warmup_prefill_stores_into_a_stand_in_cache(tiny_qwen3):
 
 @pytest.mark.parametrize("block_size,max_model_len", [(16, 2048), (256, 4096), (16, 20)])
 def test_attention_compile_ahead_makes_the_warmup_prefills_call(tiny_qwen3, monkeypatch, block_size, max_model_len):
-    """FlashAttention-4's kernel compiles ahead during start-up (engine/startup/attention_compile.py), over a
+    """FlashAttention-4's kernel compiles ahead during start-up (kernels/startup/attention_compile.py), over a
     stand-in cache; it must be the kernel warmup_attention's prefill then runs, so the stand-in must make the
     layers' call: the same dtypes, head counts, page size, tokens, batch and which arguments are given (what
     the kernel's compile key is made of). Both calls recorded with the torch backend on CPU."""

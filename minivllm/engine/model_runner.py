@@ -141,10 +141,6 @@ class ModelRunner:
             always_feed=self.sample_in_graph,
         )
 
-    def step(self, seqs: list[Sequence], is_prefill: bool) -> list[int]:
-        """Rank 0: run one step on every rank and wait for one sampled token per sequence."""
-        return self.launch(seqs, is_prefill).result()[0]
-
     def prepare_sample(self, seqs: list[Sequence], in_graph: bool) -> torch.Tensor | None:
         """The rows' temperatures (B,) float32 on the device; None: all greedy and no graph reads them (argmax)."""
         temperatures = [seq.sampling_params.temperature for seq in seqs]

@@ -28,7 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from minivllm.frontend.inputs import is_token_ids
-from minivllm.frontend.sampling_checks import MAX_N
+from minivllm.frontend.sampling_checks import MAX_N, check_sampling_params
 from minivllm.serve.async_llm import AsyncLLM, EngineDeadError
 from minivllm.serve.http_errors import add_error_handlers, error_response
 from minivllm.serve.launcher import Server
@@ -123,6 +123,7 @@ def build_app(
             if not prompts:
                 raise BadRequest("prompt must not be empty", "prompt")
             sp = body.sampling_params(body.max_tokens, body.logprobs)
+            check_sampling_params(sp)  # each field's own bound first (n included), then the request's
             if len(prompts) * sp.n > MAX_N:  # n's bound holds for the sequences of the whole request
                 raise BadRequest(f"{len(prompts)} prompts x n {sp.n} sequences exceed {MAX_N} in one request", "prompt")
             rid = f"cmpl-{uuid.uuid4().hex}"

@@ -14,7 +14,7 @@ class CompileCounter:
         # and what it was specialised on (Triton's cache key: argument types, alignments, constants): two
         # compiles of one kernel differ here, which says why a second variant was needed
         self.triton_keys: list[str] = []
-        self.triton_threads: list[str] = []  # each compile's thread (engine/startup/triton_compile.py's, or another)
+        self.triton_threads: list[str] = []  # each compile's thread (kernels/startup/triton_compile.py's, or another)
         try:
             from triton.runtime.jit import JITFunction
 
