@@ -23,8 +23,8 @@ def check_sampling_tensors(
             raise ValueError(f"Sampler: {name} must have shape ({logits.shape[0]},), got {tuple(t.shape)}")
 
 
-# not compiled: the sort dominates, and torch 2.11's inductor failed to generate the cumsum once the vocabulary
-# dimension became dynamic (a second model in one process)
+# not compiled: the sort dominates, and inductor cannot generate the cumsum once the vocabulary dimension is
+# dynamic (a second model in one process; benchmarks/HISTORY.md)
 def filter_top_k_top_p(
     logits: torch.Tensor, top_ks: torch.Tensor, top_ps: torch.Tensor, min_ps: torch.Tensor | None = None
 ) -> torch.Tensor:

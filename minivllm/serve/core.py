@@ -4,8 +4,8 @@
 request got in it: new token ids, logprobs, finish reasons, and the scheduler's gauges.
 
 Why a process of its own: in one Python process the engine's steps and the server's HTTP, JSON and SSE work
-share one GIL, so at 256 streams each waits for the other (measured on an H200: served 0.10x of offline
-`LLM.generate`). Here the core steps while the API server, another process, detokenises and writes the
+share one GIL, so at 256 streams each waits for the other (served 0.10x of offline `LLM.generate`,
+benchmarks/RESULTS.md). Here the core steps while the API server, another process, detokenises and writes the
 streams of the step before.
 
 The core does no text work: the engine emits token ids (EngineOutput), sent as they are; the API server's

@@ -7,7 +7,7 @@ blocks compiles the kernel every prefill runs (tests/test_startup.py compares th
 prefill runs while the runner loads the model and compiles its Triton kernels:
 
 - in a helper process (attention_helper.py), when FlashAttention-4's on-disk cache holds no kernel yet (a bare
-  machine). A helper pays its own imports of torch and FlashAttention-4 (5-9 s on an H200 host), so rank 0's
+  machine). A helper pays its own imports of torch and FlashAttention-4 (5-9 s), so rank 0's
   runner starts it first thing, where those imports overlap the engine's own set-up (the GPU's context,
   FlashAttention-4's import, the model's load). The runner waits for it before sizing the KV cache (its GPU
   memory must be gone by then), then loads the kernel from the disk cache;

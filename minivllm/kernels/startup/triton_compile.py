@@ -12,8 +12,8 @@ the engine's kernels once, on a few zero rows with the model's sizes, through th
 the same dtypes, constants and alignments, so the same compiled variants. The runner starts them first thing
 and waits for them before its warm-up prefill, which then finds every kernel compiled and loaded. Variants of
 one kernel share a thread (Triton makes a kernel's per-device cache on first use, unlocked). With a warm
-Triton cache the threads only load the kernels from disk. Measured on an H200: bare init 13.0 -> 9.4 s on one
-machine, the threads running beside the runner's import of FlashAttention-4 and its model load.
+Triton cache the threads only load the kernels from disk. Bare init 13.0 -> 9.4 s (benchmarks/HISTORY.md), the
+threads running beside the runner's import of FlashAttention-4 and its model load.
 
 What is not covered compiles where it would otherwise (the warm-up or the capture): the kernels of the paths that
 kernel options turn off by default (minivllm/kernels). tests/test_triton_compile.py checks on CPU that the stand-ins
