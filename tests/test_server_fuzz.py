@@ -8,6 +8,7 @@ valid request that must be served), derandomized (no random seed per run: a fail
 within ~60 s on two cores; and the deeply nested fields a JSON parser, pickle or a grammar parser may choke on."""
 
 import json
+import sys
 import time
 
 import httpx
@@ -118,3 +119,17 @@ def test_deeply_nested_fields_are_no_5xx(server, path, body):
     send(server, path, dict(model=NAME, max_tokens=2, **body))
     r = server.http.post("/v1/completions", json=dict(model=NAME, prompt="hi", max_tokens=1))
     assert r.status_code == 200
+
+
+def test_nesting_the_api_server_can_send_but_a_worker_cannot_read_is_a_400(server):
+    """Another library in the API server's process may raise its recursion limit (some do): the nested request then
+    reaches a tokenizer worker, whose own limit is the default, and its RecursionError is the request's 400."""
+    body = dict(model=NAME, max_tokens=2, messages=[{"role": "user", "content": "x"}], chat_template_kwargs=nested(900))
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)
+    try:
+        r = server.http.post("/v1/chat/completions", json=body)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert r.status_code == 400 and "cannot be tokenised" in r.json()["error"]["message"], r.text
+    assert server.http.post("/v1/completions", json=dict(model=NAME, prompt="hi", max_tokens=1)).status_code == 200

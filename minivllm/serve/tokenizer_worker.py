@@ -79,6 +79,8 @@ def serve_jobs(conn, model: str, tokenizer: str, parent: int) -> None:
         name, args = job
         try:
             conn.send(("ok", JOBS[name](*args)))
+        except RecursionError as e:  # a field nested deeper than this process recurses (its parent may allow more)
+            conn.send(("error", ValueError(f"the request cannot be tokenised: {e}")))
         except (ValueError, TypeError, OverflowError) as e:  # the request's fault (an id beyond 32 bits...): a 400
             conn.send(("error", (TypeError if isinstance(e, TypeError) else ValueError)(str(e))))
         except Exception as e:  # anything else, as an error that pickles: a 500
