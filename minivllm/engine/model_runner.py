@@ -39,7 +39,6 @@ class ModelRunner:
     ) -> None:
         start = time.perf_counter()
         self.config = config
-        self.eos: list[int] = []  # end-of-sequence ids, masked until a request's min_tokens (the engine sets them)
         self.vocab_size = config.hf_config.vocab_size
         self.block_size = config.kvcache_block_size
         self.world_size = config.tensor_parallel_size
