@@ -384,10 +384,13 @@ def test_keep_alive_timeout_reaches_uvicorn(tiny_qwen3, monkeypatch, capsys):
     assert "--timeout-keep-alive must be > 0 seconds, got 0.0" in capsys.readouterr().err
 
 
-def start_server(model: str, port: int, *flags: str) -> subprocess.Popen:
+def start_server(model: str, port: int, *flags: str, env: dict | None = None) -> subprocess.Popen:
+    """`minivllm serve` in a subprocess, once /health answers; one API server unless `flags` say otherwise (the
+    default depends on the host's cores)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, **(env or {}), "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, "-m", "minivllm", "serve", "--model", model, "--port", str(port), "--max-model-len", "512"]
+    cmd += [] if "--api-server-count" in flags else ["--api-server-count", "1"]
     proc = subprocess.Popen(
         [*cmd, "--device", "cpu", "--log-level", "warning", *flags], env=env, stderr=subprocess.PIPE, text=True
     )
