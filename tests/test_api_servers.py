@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -23,6 +24,7 @@ from test_server_core import idle, metrics
 
 from minivllm import LLM, SamplingParams
 from minivllm.serve.api_servers import API_SERVER, default_api_server_count
+from minivllm.serve.cli import serve_main
 from minivllm.utils.dist import free_port
 
 _gen = torch.Generator().manual_seed(43)
@@ -31,6 +33,17 @@ IDS = [torch.randint(1, 512, (int(n),), generator=_gen).tolist() for n in torch.
 
 def test_default_count_follows_the_cores():
     assert [default_api_server_count(c) for c in (1, 2, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 4]
+
+
+def test_a_bad_count_or_a_busy_port_is_refused_before_anything_starts(tiny_qwen3, capsys):
+    assert serve_main(["--model", tiny_qwen3, "--api-server-count", "0"]) == 2
+    assert "--api-server-count must be >= 1, got 0" in capsys.readouterr().err
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        assert serve_main(["--model", tiny_qwen3, "--port", port, "--api-server-count", "2"]) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
 
 
 def processes(proc: subprocess.Popen) -> list[psutil.Process]:

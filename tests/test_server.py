@@ -373,12 +373,13 @@ def test_keep_alive_timeout_reaches_uvicorn(tiny_qwen3, monkeypatch, capsys):
     assert cli.parse_serve_args([]).timeout_keep_alive == openai_server.TIMEOUT_KEEP_ALIVE == 60
     seen = {}
 
-    def run(server):  # uvicorn's serving loop, replaced: what it was configured with is what matters here
+    def run(server, sockets=None):  # uvicorn's serving loop, replaced: what it was configured with is what matters
         seen.update(keep_alive=server.config.timeout_keep_alive, port=server.config.port, seed=server.llm.info.seed)
 
     monkeypatch.setattr(launcher.Server, "run", run)
     port = free_port()
-    assert serve_main(["--model", tiny_qwen3, "--port", str(port), "--timeout-keep-alive", "42", "--seed", "3"]) == 0
+    flags = ["--timeout-keep-alive", "42", "--seed", "3", "--api-server-count", "1"]
+    assert serve_main(["--model", tiny_qwen3, "--port", str(port), *flags]) == 0
     assert seen == {"keep_alive": 42.0, "port": port, "seed": 3}
     assert serve_main(["--model", tiny_qwen3, "--timeout-keep-alive", "0"]) == 2
     assert "--timeout-keep-alive must be > 0 seconds, got 0.0" in capsys.readouterr().err

@@ -23,7 +23,6 @@ import os
 import threading
 import weakref
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 
 import zmq
 from transformers import AutoConfig
@@ -88,11 +87,14 @@ class AsyncMPClient:
         token ids it tokenised off the event loop."""
         if self.closed:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
-        return self._stream(self.processor.process(request_id, prompt, sampling_params))
+        request = self.processor.process(request_id, prompt, sampling_params)
+        queue = RequestOutputCollector(request.params.output_kind)  # merges DELTA outputs a slow reader has not taken
+        rid = request.request_id  # (the collector's own generator: no layer in between on every token)
+        return queue.outputs(abort=lambda: self.abort(rid), start=lambda: self._add(request, queue))
 
-    async def _stream(self, request: Request):
+    def _add(self, request: Request, queue: RequestOutputCollector) -> None:
+        """Queue the request in the core (at its stream's first iteration, on the event loop)."""
         rid = request.request_id
-        queue = RequestOutputCollector(request.params.output_kind)  # merges DELTA outputs a slow consumer has not taken
         try:
             add = m.AddRequest.make(rid, request.prompt_token_ids, request.params)
         except RecursionError:  # e.g. a JSON schema nested hundreds deep: pickle cannot carry it
@@ -103,9 +105,6 @@ class AsyncMPClient:
             self.output_processor.add_request(request)  # (ValueError: the id is in use)
             self.streams[rid] = (asyncio.get_running_loop(), queue)
             self.core.send(add)
-        async with aclosing(queue.outputs(abort=lambda: self.abort(rid))) as outputs:  # aborts at once
-            async for output in outputs:
-                yield output
 
     def abort(self, request_id: str | list[str]) -> None:
         """Abort requests (thread-safe; unknown ids are ignored); the core frees their blocks."""

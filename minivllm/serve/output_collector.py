@@ -41,9 +41,12 @@ class RequestOutputCollector:
         self.ready.clear()
         return output
 
-    async def outputs(self, abort) -> AsyncIterator[RequestOutput]:
-        """The request's outputs up to its final one (an exception put here is raised). A consumer that leaves
-        before the end (closed, cancelled, or an error) calls `abort()`, which frees the request's blocks."""
+    async def outputs(self, abort, start=None) -> AsyncIterator[RequestOutput]:
+        """The request's outputs up to its final one (an exception put here is raised). `start()`, if given, runs at
+        the first iteration and queues the request (its error ends the iteration: nothing to abort). A consumer
+        that leaves before the end (closed, cancelled, or an error) calls `abort()`, which frees its blocks."""
+        if start is not None:
+            start()
         finished = False
         try:
             while not finished:

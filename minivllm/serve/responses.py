@@ -9,13 +9,13 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-import msgspec
 from fastapi.responses import JSONResponse
 
 from minivllm.frontend.outputs import CompletionOutput, RequestOutput
 from minivllm.serve.http_errors import error_body, error_response
 from minivllm.serve.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs_part
 from minivllm.serve.messages import EngineDeadError, RequestFailedError
+from minivllm.serve.sse import ChunkTemplate, sse
 
 logger = logging.getLogger("minivllm.serve")
 
@@ -28,13 +28,6 @@ def failure(e: Exception) -> tuple[str | None, int]:
     if not isinstance(e, (EngineDeadError, RequestFailedError)):
         logger.error("a request's stream failed", exc_info=e)
     return None, 500
-
-
-_json = msgspec.json.Encoder()  # a chunk's JSON several times faster than json.dumps (one chunk per token)
-
-
-def sse(data) -> bytes:
-    return b"data: " + (_json.encode(data) if not isinstance(data, str) else data.encode()) + b"\n\n"
 
 
 async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -88,6 +81,7 @@ class Completions:
     """One /v1/completions request: its engine streams turned into a response or into SSE chunks."""
 
     object, chunk_object = "text_completion", "text_completion"
+    chat = False
 
     def __init__(self, body, rid: str, model: str, streams: list, echo: list[str] | None, tokenizer=None) -> None:
         self.body, self.rid, self.model, self.streams, self.echo = body, rid, model, streams, echo
@@ -149,15 +143,28 @@ class Completions:
     def response(self, choices: list[dict]) -> dict:
         return dict(**self.head(self.object), choices=choices, usage=usage(self.prompt_tokens, self.completion_tokens))
 
-    async def stream(self) -> AsyncIterator[str]:
+    def plain(self) -> bool:
+        """The stream's chunks have the fixed shape ChunkTemplate writes (sse.py): no logprobs, no echo."""
+        return self.body.logprobs is None and not self.echo and not self.score_only
+
+    async def stream(self) -> AsyncIterator[bytes]:
         opts = self.body.stream_options
         continuous = bool(opts and opts.continuous_usage_stats)
+        template = ChunkTemplate(self.head(self.chunk_object), self.chat) if self.plain() and not continuous else None
         seen: set[int] = set()
+        single = len(self.streams) == 1  # (the common case: the stream itself, no merging layer on every token)
+        source = self.streams[0] if single else merge(self.streams)
         try:
-            async for i, output in merge(self.streams):
+            async for item in source:
+                i, output = (0, item) if single else item
                 first = i not in seen
                 seen.add(i)
                 self.count(i, output, first)
+                if template is not None and not (first and self.chat):  # (chat: the role first, as a dict)
+                    for c in output.outputs:
+                        if c.text or c.finish_reason or (c.token_ids and not self.chat):
+                            yield template.event(i * self.n + c.index, c.text, c.finish_reason, c.stop_reason)
+                    continue
                 for chunk in self.chunks(i, output, first):
                     if continuous:
                         chunk["usage"] = usage(self.prompt_tokens, self.completion_tokens)
@@ -172,6 +179,8 @@ class Completions:
                 )
         except Exception as e:  # the stream has begun: the error is its last event
             yield sse(error_body(str(e), *failure(e)))
+        finally:
+            await source.aclose()
         yield sse("[DONE]")
 
     def chunks(self, i: int, output: RequestOutput, first: bool) -> list[dict]:
@@ -192,6 +201,10 @@ class ChatCompletions(Completions):
     """One /v1/chat/completions request: the assistant's message, or its deltas."""
 
     object, chunk_object = "chat.completion", "chat.completion.chunk"
+    chat = True
+
+    def plain(self) -> bool:
+        return not self.body.logprobs
 
     def logprobs(self, choice: int, c: CompletionOutput):
         if not self.body.logprobs:
