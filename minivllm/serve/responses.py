@@ -148,40 +148,48 @@ class Completions:
         return self.body.logprobs is None and not self.echo and not self.score_only
 
     async def stream(self) -> AsyncIterator[bytes]:
+        """The SSE events, one write per output (its choices' events joined): a write is a system call, the most
+        a streamed token costs the API server. The last output's events go with the usage and [DONE]."""
         opts = self.body.stream_options
         continuous = bool(opts and opts.continuous_usage_stats)
         template = ChunkTemplate(self.head(self.chunk_object), self.chat) if self.plain() and not continuous else None
         seen: set[int] = set()
         single = len(self.streams) == 1  # (the common case: the stream itself, no merging layer on every token)
         source = self.streams[0] if single else merge(self.streams)
+        tail, finished = [], 0
         try:
             async for item in source:
                 i, output = (0, item) if single else item
                 first = i not in seen
                 seen.add(i)
                 self.count(i, output, first)
-                if template is not None and not (first and self.chat):  # (chat: the role first, as a dict)
-                    for c in output.outputs:
-                        if c.text or c.finish_reason or (c.token_ids and not self.chat):
-                            yield template.event(i * self.n + c.index, c.text, c.finish_reason, c.stop_reason)
-                    continue
-                for chunk in self.chunks(i, output, first):
-                    if continuous:
-                        chunk["usage"] = usage(self.prompt_tokens, self.completion_tokens)
-                    yield sse(chunk)
+                events = self.events(i, output, first, template, continuous)
+                finished += output.finished
+                if finished == len(self.streams):
+                    tail = events
+                elif events:
+                    yield b"".join(events)
             if opts and opts.include_usage:
-                yield sse(
-                    dict(
-                        **self.head(self.chunk_object),
-                        choices=[],
-                        usage=usage(self.prompt_tokens, self.completion_tokens),
-                    )
-                )
+                head = self.head(self.chunk_object)
+                tail.append(sse(dict(**head, choices=[], usage=usage(self.prompt_tokens, self.completion_tokens))))
         except Exception as e:  # the stream has begun: the error is its last event
-            yield sse(error_body(str(e), *failure(e)))
+            tail.append(sse(error_body(str(e), *failure(e))))
         finally:
             await source.aclose()
-        yield sse("[DONE]")
+        yield b"".join([*tail, sse("[DONE]")])
+
+    def events(self, i: int, output: RequestOutput, first: bool, template, continuous: bool) -> list[bytes]:
+        if template is not None and not (first and self.chat):  # (chat: the role first, as a dict)
+            return [
+                template.event(i * self.n + c.index, c.text, c.finish_reason, c.stop_reason)
+                for c in output.outputs
+                if c.text or c.finish_reason or (c.token_ids and not self.chat)
+            ]
+        chunks = self.chunks(i, output, first)
+        if continuous:
+            for chunk in chunks:
+                chunk["usage"] = usage(self.prompt_tokens, self.completion_tokens)
+        return [sse(chunk) for chunk in chunks]
 
     def chunks(self, i: int, output: RequestOutput, first: bool) -> list[dict]:
         return [
@@ -238,6 +246,3 @@ class ChatCompletions(Completions):
                 choice.update(finish_reason=c.finish_reason, stop_reason=c.stop_reason)
                 chunks.append(dict(**self.head(self.chunk_object), choices=[choice]))
         return chunks
-
-
-# --- running it --------------------------------------------------------------------------------------------
