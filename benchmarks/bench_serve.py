@@ -85,7 +85,7 @@ def start_server(model: str | None, port: int, server_args: list[str], log_level
     cmd += ["--model", model] if model else []
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "PYTHONFAULTHANDLER": "1"}
     env["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache, before each level
-    with open(log, "w") if log else contextlib.nullcontext() as out:  # the child keeps its own copy of the file
+    with open(log, "a") if log else contextlib.nullcontext() as out:  # the child keeps its own copy of the file
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
     deadline = time.time() + 900  # a GPU engine captures its graphs first
     while True:
@@ -419,6 +419,8 @@ def main() -> None:
     args.output_len = args.output_len or preset.get("output_len") or (128 if gpu else 32)
     per = preset.get("num_prompts_per", 4)
     model = model_dir(args.model, args.cache)
+    if args.server_log:  # every server of the sweep appends its output
+        open(args.server_log, "w").close()
     vocab_top = min(10000, vocab_size(model) - 1)  # random prompt ids, below the model's vocabulary
     rng = random.Random(0)
     warm = [[rng.randint(1, vocab_top) for _ in range(args.input_len)] for _ in range(4)]

@@ -175,8 +175,10 @@ def test_sigterm_ends_every_process_and_removes_the_directory(server):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("victim", ["core", "api server"])
-def test_a_killed_process_ends_the_whole_server_with_status_1(chat_model, tmp_path, victim):
+@pytest.mark.parametrize("victim", ["core", "api server", "parent"])
+def test_a_killed_process_ends_the_whole_server(chat_model, tmp_path, victim):
+    """A killed core or API server: the parent exits 1. A killed parent: the core and the API servers leave by
+    themselves (the core removes the directory)."""
     port = free_port()
     env = dict(TMPDIR=str(tmp_path))
     proc = start_server(chat_model, port, "--api-server-count", "2", "--max-model-len", "2048", env=env)
@@ -193,18 +195,22 @@ def test_a_killed_process_ends_the_whole_server_with_status_1(chat_model, tmp_pa
     for r in readers:
         r.start()
     assert all(s.wait(60) for s in started)
-    target = [p for p in children if p.name() == ("minivllm-core" if victim == "core" else API_SERVER)][0]
-    os.kill(target.pid, signal.SIGKILL)
-    code = proc.wait(timeout=60)
+    if victim == "parent":
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+    else:
+        target = [p for p in children if p.name() == ("minivllm-core" if victim == "core" else API_SERVER)][0]
+        os.kill(target.pid, signal.SIGKILL)
+        code = proc.wait(timeout=60)
+        assert code == 1, proc.stderr.read()[-3000:]
     for r in readers:
         r.join(30)
-    stderr = proc.stderr.read()
-    assert code == 1, stderr[-3000:]
+    stderr = proc.stderr.read() if victim != "parent" else ""  # (the parent's children hold the pipe open)
     if victim == "core":  # every open stream, on either API server, ends with the error, then [DONE]
         assert "the engine core died" in stderr
         for e in events:
             assert e[-1] == "[DONE]" and json.loads(e[-2])["error"]["code"] == 500, e[-2:]
-    else:  # the killed process's streams drop; the other's end
+    elif victim == "api server":  # the killed process's streams drop; the other's end
         assert "API server" in stderr and "stopping" in stderr
         assert all(e[-1] == "[DONE]" or e[-1].startswith("transport error") for e in events)
     wait_gone([c.pid for c in children], 15)

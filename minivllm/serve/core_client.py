@@ -59,7 +59,8 @@ class AsyncMPClient:
         except BaseException:
             self.core.stop(timeout=10)
             self.core.close()
-            os.close(self.wake_r), os.close(self.wake_w)
+            os.close(self.wake_r)
+            os.close(self.wake_w)
             raise
         self.model, self.max_model_len = self.info.model, self.info.max_model_len
         self.tokenizer_dir = self.info.tokenizer
@@ -151,7 +152,8 @@ class AsyncMPClient:
             self.thread.join(timeout)
         self._close(EngineDeadError("the engine was shut down"))
         self.core.close()
-        os.close(self.wake_r), os.close(self.wake_w)
+        os.close(self.wake_r)
+        os.close(self.wake_w)
 
     # --- the output thread ----------------------------------------------------------------------------------
 
