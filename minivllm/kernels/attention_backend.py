@@ -1,9 +1,10 @@
 """What an attention backend is: the one call an Attention layer makes (`attend`: which of its three paths a step
 takes, `prefill`, `prefill_paged` or `decode`), its decode kernel, chosen when it is built, and the metadata of a
-step its kernels read, made by the step's first layer and reused by the others (the block tables as the kernels read them, the prefill rows after the decode
-rows). The torch backend is here: plain torch over the paged cache (kernels/torch_attention.py), what runs on CPU
-and what a layer built alone gets. The flash backends and the one decision between them are kernels
-(kernels/attention_backends.py); the runner builds one backend object and the model gives it to every layer."""
+step its kernels read, made by the step's first layer and reused by the others (the block tables as the kernels
+read them, the prefill rows after the decode rows). The torch backend is here: plain torch over the paged cache
+(kernels/torch_attention.py), what runs on CPU and what a layer built alone gets. The flash backends and the one
+decision between them are kernels/attention_backends.py; the runner builds one backend object and the model gives
+it to every layer."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,7 +71,6 @@ class AttentionBackend:
                 block_tables=tables[d:].clone(),
             )
         return self._rows
-
 
     def attend(self, q, k, v, k_cache, v_cache, context: Context, scale: float) -> torch.Tensor:
         """The step's attention, its new K/V already in the cache: prefill over fresh K/V, prefill over the cache

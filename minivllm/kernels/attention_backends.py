@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import torch
 
-from minivllm.kernels.flash_attention import FA4_MIN_SEQLEN_Q, FA4Backend, FlashAttnBackend, _fa2, _fa4, fa4_cache_env
 from minivllm.kernels.attention_backend import AttentionBackend, TorchBackend
+from minivllm.kernels.flash_attention import FA4_MIN_SEQLEN_Q, FA4Backend, FlashAttnBackend, _fa2, _fa4, fa4_cache_env
 
 BACKENDS = ("flash_attn", "fa4", "torch")
 __all__ = ["BACKENDS", "FA4_MIN_SEQLEN_Q", "TorchBackend", "available", "create", "fa4_cache_env", "select"]

@@ -11,8 +11,8 @@ import threading
 
 import torch
 
-from minivllm.kernels.cpu.build import library_path
 from minivllm.kernels import torch_attention
+from minivllm.kernels.cpu.build import library_path
 
 logger = logging.getLogger(__name__)
 
