@@ -148,7 +148,7 @@ class ModelRunner:
 
     def launch(self, seqs: list[Sequence], is_prefill: bool, hook=None) -> StepHandle:
         """Rank 0: launch one step on every rank without waiting (the host goes on to schedule the next step while
-        the GPU runs this one); `hook`: the engine's sampling extras (sampling_hook.py)."""
+        the GPU runs this one); `hook`: the engine's sampling extras (frontend/sampling_hook.py)."""
         inputs = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
         assert inputs.src is None or self.workers is None, "TP workers cannot see rank 0's sampled tokens"
         for i, seq in enumerate(seqs):
