@@ -33,8 +33,8 @@ import sys
 import tempfile
 from multiprocessing.connection import wait
 
+from minivllm.engine.tp_workers import set_process_name
 from minivllm.serve.core_process import spawn_core
-from minivllm.utils.process_name import set_process_name
 
 API_SERVER = "minivllm-api"  # the API-server processes' name in ps / top (bench_serve.py counts them as the API)
 MAX_DEFAULT = 4  # API servers by default at most: beyond, the engine core's own CPU is the limit

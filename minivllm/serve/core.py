@@ -28,9 +28,10 @@ import zmq
 
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.request import EngineOutput
+from minivllm.engine.tp_workers import CORE, set_process_name
+from minivllm.frontend.engine_args import config_args
 from minivllm.frontend.sampling_extras import SamplingExtras
 from minivllm.serve import messages as m
-from minivllm.utils.process_name import CORE, set_process_name
 
 POLL_MS = 200  # idle: how often to look whether the API server is still there
 IDLE = m.SchedulerStats(0, 0, 0.0, 0)  # (replaced by the gauges after the step before a result is sent)
@@ -130,7 +131,7 @@ def run_engine_core(model: str, engine_args: dict, clients: list[tuple[str, str]
     enc, dec = m.encoder(), m.decoder(m.ToCore)
     parent_gone = lambda: os.getppid() != parent_pid
     try:
-        engine = LLMEngine(model, sampling_hook=SamplingExtras, **engine_args)
+        engine = LLMEngine(model, sampling_hook=SamplingExtras, **config_args(engine_args))
     except BaseException as e:
         for out in outputs:
             out.send(enc.encode(m.Ready(error=f"{type(e).__name__}: {e}")))
