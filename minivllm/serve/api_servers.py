@@ -101,6 +101,7 @@ def run_multi_api_server(sock: socket.socket, count: int, engine_args: dict, ser
         sock.close()  # the API servers hold it now
         return supervise(core, servers, stop)
     finally:
+        sock.close()  # (closed already once the API servers started; here too when they could not be started)
         shut_down(core, servers)
         shutil.rmtree(ipc_dir, ignore_errors=True)
         for s, handler in previous.items():
