@@ -23,9 +23,8 @@ from minivllm.engine import request as per_request  # requests that fail alone, 
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.request import EngineOutput, EngineRequest, Launched, StepRecord
 from minivllm.engine.scheduler import Scheduler
-from minivllm.engine.tp_workers import Workers
+from minivllm.engine.tp_workers import Workers, free_port
 from minivllm.sampling_params import SamplingParams
-from minivllm.utils.dist import free_port
 
 
 class LLMEngine:
@@ -35,7 +34,7 @@ class LLMEngine:
         temperature only."""
         self.config = config = Config(model, **kwargs)
         port = free_port()
-        self.workers = Workers(config, port) if config.tensor_parallel_size > 1 else None
+        self.workers = Workers(config, port, ModelRunner) if config.tensor_parallel_size > 1 else None
         try:
             self.model_runner = ModelRunner(config, rank=0, port=port, workers=self.workers)
         except BaseException:
