@@ -160,13 +160,12 @@ class LLMEngine:
         what each sequence got."""
         t = time.perf_counter()  # postprocess includes the wait for the GPU (StepRecord: where the wall time went)
         tokens, logprobs = launched.handle.result()
-        per_request.add_prompt_logprobs(self, launched)  # sampling hook: prompt logprobs, a chunk at a time
+        outputs = per_request.prompt_logprobs_outputs(self.sampling_hook, launched)  # sampling hook: prompt logprobs
         live = [(seq, pos) for seq, pos in launched.sampled if not seq.is_finished]  # an aborted one's is dropped
         self.scheduler.on_result(launched.seqs, launched.sampled, tokens)
         if self.sampling_hook is not None:  # sampling hook: grammars take the tokens (one may end its sequence)
             self.sampling_hook.advance(live, self.scheduler.finish)
         row_of = {id(s): i for i, s in enumerate(launched.seqs)}
-        outputs = []
         for seq, pos in live:
             request = self.requests[seq.request_id]
             for other in reversed(request.release(seq, pos)):  # they arrived with it: the front of the queue
