@@ -126,7 +126,9 @@ class LLMEngine:
         if hook is not None:  # sampling hook: requests whose grammar compiled join, those it failed to end
             per_request.admit_compiled(self)
         outputs, progressed = [], False
-        if self.in_flight is not None and (not self.overlap or self.in_flight.needs_history):
+        # sampling hook: a request in flight with penalties, bad words or a grammar reads every previous token
+        waits = hook is not None and self.in_flight is not None and hook.needs_history(self.in_flight.seqs)
+        if self.in_flight is not None and (not self.overlap or waits):
             in_flight, self.in_flight = self.in_flight, None  # the next launch needs its tokens
             outputs, progressed = self._finish(in_flight), True
         launched = self._launch() if self.requests else None

@@ -210,8 +210,3 @@ class Launched:
     sampled: list[tuple[Sequence, int]]  # (sequence, position of its PENDING token)
     handle: StepHandle
     record: StepRecord
-
-    @property
-    def needs_history(self) -> bool:
-        """A request in it has penalties, bad words or a grammar: finish it before the next launch."""
-        return any(s.sampling_params.needs_history or s.sampling_params.structured_outputs for s in self.seqs)
