@@ -107,9 +107,6 @@ class LLMEngine:
         """Requests not finished yet, or a step still in flight (whose tokens step() reads back)."""
         return bool(self.requests) or self.in_flight is not None
 
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.requests)
-
     def is_finished(self) -> bool:
         return not self.has_unfinished_requests()
 
