@@ -2,7 +2,8 @@
 sequence and step); this turns them into vLLM's RequestOutputs, for `LLM` (llm.py) and the server alike (in
 AsyncLLM's engine thread, or in the API-server process from the engine core's messages). Per sequence: its
 tokens, its log-probabilities with their decoded tokens, its text (detokenizer.py: incremental, with stop
-strings); per request: its `n` sequences merged into one RequestOutput in the request's output kind
+strings); per request: its prompt log-probabilities, gathered as the engine scores the prompt chunk by chunk
+and given out with its first token, and its `n` sequences merged into one RequestOutput in the request's output kind
 (CUMULATIVE: everything so far; DELTA: only what is new; FINAL_ONLY: one output at the end). A sequence whose
 text reached a stop string is reported back (`process`'s second result), for the engine to end it.
 
