@@ -1,4 +1,5 @@
-"""The tensor-parallel worker processes of one engine (ranks 1..N-1), and how rank 0 talks to them.
+"""The tensor-parallel ranks of one engine: its worker processes (ranks 1..N-1), how rank 0 talks to them, and
+the process group all its ranks share.
 
 Rank 0 lives in the user's process and drives: each step's inputs go to every worker over a pipe, and all
 ranks run the same forward (their layers meet in the all_reduces; notebook 14 counts them). nano-vllm does
