@@ -23,9 +23,9 @@ from test_server import start_server
 from test_server_core import idle, metrics
 
 from minivllm import LLM, SamplingParams
+from minivllm.engine.tp_workers import free_port
 from minivllm.serve.api_servers import API_SERVER, default_api_server_count
 from minivllm.serve.cli import serve_main
-from minivllm.utils.dist import free_port
 
 _gen = torch.Generator().manual_seed(43)
 IDS = [torch.randint(1, 512, (int(n),), generator=_gen).tolist() for n in torch.randint(3, 40, (16,), generator=_gen)]
