@@ -165,6 +165,9 @@ def test_api_key_and_cors(llm):
         auth = {"Authorization": "Bearer sekrit", "Origin": "http://good.example"}
         r = httpx.post(srv.url + "/v1/completions", json=dict(prompt="hi", max_tokens=1), headers=auth)
         assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://good.example"
+        r = httpx.post(srv.url + "/v1/completions", json=dict(prompt="hi", max_tokens=1, stream=True), headers=auth)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://good.example"  # (sse.py)
+        assert r.headers["content-type"] == "text/event-stream; charset=utf-8" and r.text.endswith("data: [DONE]\n\n")
 
 
 def test_a_request_the_engine_fails_fails_alone(server, llm, monkeypatch):

@@ -84,32 +84,52 @@ class ServerMetrics:
     def render(self) -> bytes:
         return generate_latest(self.view)
 
+    def request(self, streaming: bool) -> "RequestMetrics":
+        """A request's meter: call it with each of its outputs as it passes (the latencies only of a streamed
+        request, whose outputs come as the tokens do)."""
+        return RequestMetrics(self, streaming)
+
     async def observe(self, stream: AsyncIterator[RequestOutput], streaming: bool) -> AsyncIterator[RequestOutput]:
-        """`stream`, its outputs counted as they pass (the latencies only of a streamed request, whose outputs
-        come as the tokens do). Closing this closes `stream` (aborting its request)."""
-        start = time.monotonic()
-        last, first, done = None, True, set()
+        """`stream`, its outputs counted as they pass. Closing this closes `stream` (aborting its request). (The
+        server calls the meter inline instead: a generator layer less on every token.)"""
+        meter = self.request(streaming)
         try:
             async for output in stream:
-                now = time.monotonic()
-                if first:
-                    self.requests.inc()
-                    self.prompt_tokens.inc(len(output.prompt_token_ids))
-                    first = False
-                tokens = sum(len(c.token_ids) for c in output.outputs)
-                self.generation_tokens.inc(tokens)
-                if tokens and streaming:
-                    if last is None:
-                        self.ttft.observe(now - start)
-                    elif last is not None:
-                        self.itl.observe((now - last) / tokens)
-                    last = now
-                for c in output.outputs:
-                    if c.finish_reason is not None and c.index not in done:
-                        done.add(c.index)
-                        self.success.labels(model_name=self.model_name, finished_reason=c.finish_reason).inc()
-                if output.finished:
-                    self.e2e.observe(now - start)
+                meter(output)
                 yield output
         finally:
             await stream.aclose()
+
+
+class RequestMetrics:
+    """One request's counts and latencies, fed each output (`meter(output)`): counted per output, not per token."""
+
+    __slots__ = ("server", "streaming", "start", "last", "first", "done")
+
+    def __init__(self, server: ServerMetrics, streaming: bool) -> None:
+        self.server, self.streaming = server, streaming
+        self.start = time.monotonic()
+        self.last: float | None = None  # when the last output with tokens came
+        self.first = True
+        self.done: set[int] = set()  # the sequences whose finish is counted
+
+    def __call__(self, output: RequestOutput) -> None:
+        m, now = self.server, time.monotonic()
+        if self.first:
+            m.requests.inc()
+            m.prompt_tokens.inc(len(output.prompt_token_ids))
+            self.first = False
+        tokens = sum(len(c.token_ids) for c in output.outputs)
+        m.generation_tokens.inc(tokens)
+        if tokens and self.streaming:
+            if self.last is None:
+                m.ttft.observe(now - self.start)
+            else:
+                m.itl.observe((now - self.last) / tokens)
+            self.last = now
+        for c in output.outputs:
+            if c.finish_reason is not None and c.index not in self.done:
+                self.done.add(c.index)
+                m.success.labels(model_name=m.model_name, finished_reason=c.finish_reason).inc()
+        if output.finished:
+            m.e2e.observe(now - self.start)

@@ -26,7 +26,7 @@ from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from minivllm.engine.tp_workers import free_port
 from minivllm.frontend.inputs import is_token_ids
@@ -39,6 +39,7 @@ from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest, Sa
 from minivllm.serve.responses import ChatCompletions, Completions
 from minivllm.serve.server_options import ServerOptions, add_middleware, request_chat_template
 from minivllm.serve.serving_utils import BadRequest, bad_request, until_disconnect
+from minivllm.serve.sse import SSEResponse, capture_send
 from minivllm.serve.tokenizer_pool import TokenizerPool, WorkerDiedError
 from minivllm.serve.tokens import add_token_routes
 
@@ -48,6 +49,14 @@ from minivllm.serve.tokens import add_token_routes
 # client's next request, already in the socket, and lose it silently (`scripts/serve_stall.py`: a 7 s stall lost
 # 40 of 160 requests with 5 s, none with 60 s; benchmarks/RESULTS.md).
 TIMEOUT_KEEP_ALIVE = 60.0
+
+
+class App(FastAPI):
+    """FastAPI, its outermost layer leaving the server's own `send` in the scope for the streams' events (sse.py)."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        capture_send(scope, send)
+        await super().__call__(scope, receive, send)
 
 
 def build_app(
@@ -68,14 +77,15 @@ def build_app(
         if owns_engine:
             await asyncio.to_thread(llm.shutdown)
 
-    app = FastAPI(title="minivllm", lifespan=lifespan)
+    app = App(title="minivllm", lifespan=lifespan)
     app.state.tokens = tokens  # (its workers: what /health reports on)
     add_error_handlers(app)
     add_middleware(app, options)
     add_token_routes(app, tokens, served_model_name, options.trust_request_chat_template)
 
     def generate(prompt_ids: list[int], sp, rid: str, streaming: bool):
-        return metrics.observe(llm.generate({"prompt_token_ids": prompt_ids}, sp, rid), streaming)
+        """The request's stream and its meter (metrics.py), which the response feeds each output."""
+        return llm.generate({"prompt_token_ids": prompt_ids}, sp, rid), metrics.request(streaming)
 
     def check(body: SamplingFields) -> None:
         if body.model is not None and body.model != served_model_name:
@@ -134,7 +144,7 @@ def build_app(
         echo = [p if isinstance(p, str) else await tokens.decode(p) for p in prompts] if body.echo else None
         run = Completions(body, rid, served_model_name, streams, echo, tokenizer=llm.tokenizer)
         if body.stream:
-            return StreamingResponse(run.stream(), media_type="text/event-stream")
+            return SSEResponse(run.stream())
         return await until_disconnect(raw, run.full())
 
     @app.post("/v1/chat/completions")
@@ -167,7 +177,7 @@ def build_app(
             return error_response(str(e), status=500)
         run = ChatCompletions(body, rid, served_model_name, streams, None)
         if body.stream:
-            return StreamingResponse(run.stream(), media_type="text/event-stream")
+            return SSEResponse(run.stream())
         return await until_disconnect(raw, run.full())
 
     return app

@@ -84,7 +84,9 @@ class Completions:
     chat = False
 
     def __init__(self, body, rid: str, model: str, streams: list, echo: list[str] | None, tokenizer=None) -> None:
-        self.body, self.rid, self.model, self.streams, self.echo = body, rid, model, streams, echo
+        """`streams`: (the engine stream, its meter) of each prompt; the meter is called with each output."""
+        self.streams, self.meters = [s for s, _ in streams], [meter for _, meter in streams]
+        self.body, self.rid, self.model, self.echo = body, rid, model, echo
         self.tokenizer = tokenizer  # decodes the first prompt token of an echo with logprobs
         self.score_only = getattr(body, "score_only", False)  # echo with max_tokens 0: the prompt, scored
         self.prompts: dict[int, RequestOutput] = {}  # prompt i's first output (its prompt logprobs)
@@ -131,6 +133,7 @@ class Completions:
         try:
             results: dict[int, RequestOutput] = {}
             async for i, output in merge(self.streams):
+                self.meters[i](output)
                 results[i] = output
         except Exception as e:  # the engine died, refused the request (400) or failed it (500)
             return error_response(str(e), *failure(e))
@@ -160,6 +163,7 @@ class Completions:
         try:
             async for item in source:
                 i, output = (0, item) if single else item
+                self.meters[i](output)
                 first = i not in seen
                 seen.add(i)
                 self.count(i, output, first)

@@ -5,9 +5,20 @@ An event is written for every token of every stream, so its cost is the API serv
 path builds the chunk as a dict and encodes it (msgspec, several times faster than json.dumps). The common stream
 (no logprobs, no echo, no usage in every chunk) has a fixed shape in which only the choice's index, text and finish
 change: `ChunkTemplate` encodes the request's head (id, object, created, model) once and writes each event as bytes
-around the JSON-encoded text, the same JSON the dict path gives."""
+around the JSON-encoded text, the same JSON the dict path gives.
+
+`SSEResponse` writes the events (a lean StreamingResponse): the response's start goes through the middleware
+stack (CORS headers, the error middleware's bookkeeping), each event straight to the server's own `send`, which
+`capture_send` (the app's outermost layer) leaves in the scope: every middleware here looks at the start only, and
+each layer skipped is a coroutine less on every token. A client that disconnects cancels the writing task (its
+streams' generators close, aborting their requests), as StreamingResponse's listener does."""
+
+import asyncio
+from collections.abc import AsyncIterator
 
 import msgspec
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 _json = msgspec.json.Encoder()
 NULL = b"null"
@@ -47,3 +58,49 @@ class ChunkTemplate:
                 b"}]}\n\n",
             )
         )
+
+
+RAW_SEND = "minivllm.send"  # the scope's key of the server's own send (capture_send)
+
+
+def capture_send(scope: Scope, send: Send) -> None:
+    """Leave the server's `send` in the scope for SSEResponse's events (called by the app's outermost layer)."""
+    scope[RAW_SEND] = send
+
+
+class SSEResponse(Response):
+    """`text/event-stream` from an async iterator of events (bytes), one `http.response.body` message each."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[bytes]) -> None:
+        self.events = events
+        self.status_code = 200
+        self.background = None
+        self.init_headers(None)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        writer = asyncio.ensure_future(self.write(scope.get(RAW_SEND, send)))
+        listener = asyncio.ensure_future(disconnected(receive))
+        try:
+            await asyncio.wait((writer, listener), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            writer.cancel()  # (the client left, or this task was cancelled: the events' generator closes)
+            listener.cancel()
+            await asyncio.gather(writer, listener, return_exceptions=True)
+        if not writer.cancelled() and writer.exception() is not None:
+            raise writer.exception()
+
+    async def write(self, send: Send) -> None:
+        try:
+            async for event in self.events:
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await self.events.aclose()
+
+
+async def disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
