@@ -1,0 +1,110 @@
+"""Plausible wrong answers, one or more per exercise of notebooks/exercises.toml: tests/test_course_edition.py
+plants each in a copy of the package and requires its chapter's checks to fail with a message naming the exercise.
+Each is the body that replaces the reference's (signature and docstring kept)."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Wrong:
+    qualname: str  # as in notebooks/exercises.toml
+    body: str
+    why: str  # the mistake, in words
+    module: str = ""  # where the qualname alone is ambiguous
+
+
+WRONG = [
+    # --- 01 ----------------------------------------------------------------------------------------------------
+    Wrong(
+        "rms_norm",
+        """
+        var = x.pow(2).mean(dim=-1, keepdim=True)
+        return (x * torch.rsqrt(var + eps)).to(out_dtype or x.dtype) * weight
+        """,
+        "no fp32 upcast: the variance and the scaling run in bf16",
+    ),
+    Wrong(
+        "rms_norm",
+        """
+        x = x.float()
+        return (x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True))).to(out_dtype or x.dtype) * weight
+        """,
+        "eps left out",
+    ),
+    Wrong(
+        "add_rms_norm",
+        """
+        s = x + residual
+        return rms_norm(s, weight, eps), s
+        """,
+        "the residual add in bf16 (no fp32 upcast)",
+    ),
+    Wrong(
+        "add_rms_norm",
+        """
+        s = x.float() + residual.float()
+        return rms_norm(s, weight, eps, x.dtype), residual
+        """,
+        "returns the old residual, not the sum",
+    ),
+    Wrong(
+        "RMSNorm.forward",
+        """
+        if residual is None:
+            return self._rms_norm(x, self.weight, self.eps)
+        return self._add_rms_norm(residual, x, self.weight, self.eps)[::-1]
+        """,
+        "the two outputs of the fused path swapped",
+    ),
+    # --- 02 ----------------------------------------------------------------------------------------------------
+    Wrong(
+        "apply_rotary_emb",
+        """
+        x1, x2 = torch.chunk(x, 2, dim=-1)
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        """,
+        "no fp32 upcast: the products and sums round in bf16",
+    ),
+    Wrong(
+        "apply_rotary_emb",
+        """
+        x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
+        y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+        return torch.stack((y1, y2), dim=-1).flatten(-2).to(x.dtype)
+        """,
+        "GPT-J's interleaved pairs instead of neox's halves",
+    ),
+    Wrong(
+        "rotary",
+        """
+        cos, sin = cos_sin_cache[: query.shape[0]].chunk(2, dim=-1)
+        return apply_rotary_emb(query, cos, sin), apply_rotary_emb(key, cos, sin)
+        """,
+        "positions ignored (token i taken to sit at position i)",
+    ),
+    Wrong(
+        "RotaryEmbedding.__init__",
+        """
+        super().__init__()
+        self.head_size = head_size
+        inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, dtype=torch.float) / rotary_dim))[: rotary_dim // 2]
+        t = torch.arange(max_position_embeddings, dtype=torch.float)
+        freqs = torch.outer(t, inv_freq)
+        cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+        self.register_buffer("cos_sin_cache", cache.unsqueeze_(1), persistent=False)
+        self._rotary = ops.bind(ops.rotary, rotary, token_args=3)
+        """,
+        "frequencies base^(-i/d) instead of base^(-2i/d)",
+    ),
+    # --- 03 ----------------------------------------------------------------------------------------------------
+    Wrong(
+        "silu_and_mul",
+        """
+        up, gate = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+        """,
+        "gate and up halves swapped",
+    ),
+    Wrong("SiluAndMul.forward", "return F.silu(x[..., : x.shape[-1] // 2])", "the up half dropped"),
+]
