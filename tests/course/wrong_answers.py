@@ -108,3 +108,96 @@ WRONG = [
     ),
     Wrong("SiluAndMul.forward", "return F.silu(x[..., : x.shape[-1] // 2])", "the up half dropped"),
 ]
+WRONG += [
+    # --- 04 ----------------------------------------------------------------------------------------------------
+    Wrong(
+        "ColumnParallelLinear.weight_loader",
+        """
+        shard_size = param.data.size(self.tp_dim)
+        param.data.copy_(loaded_weight.narrow(self.tp_dim, 0, shard_size))
+        """,
+        "every rank loads the first shard",
+    ),
+    Wrong(
+        "MergedColumnParallelLinear.weight_loader",
+        """
+        shard_size = self.output_sizes[loaded_shard_id] // self.tp_size
+        param_data = param.data.narrow(self.tp_dim, loaded_shard_id * shard_size, shard_size)
+        param_data.copy_(loaded_weight.chunk(self.tp_size, self.tp_dim)[self.tp_rank])
+        """,
+        "offset from the shard id times this shard's size (wrong when gate and up differ)",
+    ),
+    Wrong(
+        "QKVParallelLinear.weight_loader",
+        """
+        q_size, kv_size = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
+        offset, size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[loaded_shard_id]
+        param.data.narrow(self.tp_dim, offset, size).copy_(loaded_weight.narrow(self.tp_dim, 0, size))
+        """,
+        "every rank takes the first heads",
+    ),
+    Wrong(
+        "RowParallelLinear.weight_loader",
+        """
+        if param.data.dim() == 2:
+            shard_size = param.data.size(0)
+            loaded_weight = loaded_weight.narrow(0, self.tp_rank * shard_size, shard_size)
+        param.data.copy_(loaded_weight[:, : param.shape[1]] if param.data.dim() == 2 else loaded_weight)
+        """,
+        "shards the output dim (a column layer's) instead of the input dim",
+    ),
+    Wrong("LinearBase.forward", "return self._linear(x, self.weight, None, self.packed_weight)", "bias left out"),
+    Wrong(
+        "RowParallelLinear.forward",
+        """
+        if x.shape[-1] != self.weight.shape[1]:
+            raise ValueError(f"RowParallelLinear: input last dim {x.shape[-1]} != {self.weight.shape[1]}")
+        y = self._linear(x, self.weight, self.bias, self.packed_weight)
+        if self.tp_size > 1:
+            dist.all_reduce(y, group=self.group)
+        return y
+        """,
+        "the bias added on every rank (the all_reduce sums it tp times)",
+    ),
+    # --- 05 ----------------------------------------------------------------------------------------------------
+    Wrong(
+        "VocabParallelEmbedding.weight_loader",
+        """
+        shard_size = param.data.size(0)
+        param.data.copy_(loaded_weight.narrow(0, self.tp_rank * shard_size, shard_size))
+        """,
+        "no check of the checkpoint's vocabulary (a longer one is cut silently)",
+    ),
+    Wrong(
+        "VocabParallelEmbedding.forward",
+        """
+        if self.tp_size > 1:
+            x = (x - self.vocab_start_idx).clamp(0, self.num_embeddings_per_partition - 1)
+        y = F.embedding(x, self.weight)
+        if self.tp_size > 1:
+            dist.all_reduce(y, group=self.group)
+        return y
+        """,
+        "clamps foreign ids instead of masking their rows: the all_reduce adds other ranks' rows",
+    ),
+    Wrong(
+        "ParallelLMHead.forward",
+        """
+        context = get_context()
+        if context.is_prefill:
+            x = x[context.cu_seqlens_q[:-1]].contiguous()
+        return self.project(x)
+        """,
+        "the first token of each sequence, not the last",
+    ),
+    Wrong(
+        "ParallelLMHead.project",
+        """
+        logits = self._linear(x, self.weight, None, self.packed_weight)
+        if self.tp_size > 1:
+            dist.all_reduce(logits, group=self.group)
+        return logits
+        """,
+        "all_reduce of the vocabulary shards (sums logits of different tokens) instead of a gather",
+    ),
+]

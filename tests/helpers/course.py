@@ -138,3 +138,35 @@ def check(chapter: str, timeout: float = 600) -> None:
         )
     skipped = counts.get("skipped", 0)
     print(f"chapter {chapter} checks OK: {passed} passed" + (f", {skipped} skipped here" if skipped else ""))
+
+
+class expect_error:
+    """`with expect_error(ValueError, "RowParallelLinear.weight_loader", "a checkpoint too wide"):` fails with a
+    message naming the exercise when the block raises nothing (or something else)."""
+
+    def __init__(self, kind: type[BaseException], exercise: str, what: str) -> None:
+        self.kind, self.exercise, self.what = kind, exercise, what
+
+    def __enter__(self) -> "expect_error":
+        return self
+
+    def __exit__(self, kind, value, tb) -> bool:
+        if kind is not None and issubclass(kind, self.kind):
+            return True
+        if kind is not None and issubclass(kind, NotImplementedError | AssertionError):
+            return False
+        got = "nothing" if kind is None else f"{kind.__name__}: {value}"
+        raise AssertionError(f"{self.exercise}: {self.what}: expected a {self.kind.__name__}, got {got}") from value
+
+
+def raised_in(tb, package_dir: str) -> str | None:
+    """The innermost function of the package in a traceback (where a learner's code raised), as
+    `qualname (path:line)`, or None."""
+    found = None
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename.startswith(package_dir):
+            name = getattr(code, "co_qualname", code.co_name)
+            found = f"{name} ({code.co_filename[len(package_dir) - len('minivllm') :]}:{tb.tb_lineno})"
+        tb = tb.tb_next
+    return found
