@@ -8,9 +8,18 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class Wrong:
     qualname: str  # as in notebooks/exercises.toml
-    body: str
+    body: str  # the wrong body; or, with `edit`, empty: the reference's body with the edits made
     why: str  # the mistake, in words
-    module: str = ""  # where the qualname alone is ambiguous
+    edit: tuple[tuple[str, str], ...] = ()  # (old, new) replacements in the reference's body, each found once
+
+    def wrong_body(self, reference: str) -> str:
+        if not self.edit:
+            return self.body
+        for old, new in self.edit:
+            if reference.count(old) != 1:
+                raise ValueError(f"{self.qualname}: {old!r} is in the reference's body {reference.count(old)} times")
+            reference = reference.replace(old, new)
+        return reference
 
 
 WRONG = [
@@ -199,5 +208,98 @@ WRONG += [
         return logits
         """,
         "all_reduce of the vocabulary shards (sums logits of different tokens) instead of a gather",
+    ),
+]
+
+WRONG += [
+    # --- 06 ----------------------------------------------------------------------------------------------------
+    Wrong(
+        "store_kvcache_kernel",
+        "",
+        "rows read as if contiguous (token i at i * D), not at the row stride of the fused qkv",
+        edit=(("idx * key_stride", "idx * D"), ("idx * value_stride", "idx * D")),
+    ),
+    Wrong(
+        "store_kvcache",
+        "",
+        "the launch passes D as the row stride (assumes contiguous K/V)",
+        edit=(("key.stride(0),", "D,"), ("value.stride(0),", "D,")),
+    ),
+    Wrong(
+        "store_kvcache_torch",
+        """
+        k_cache.view(-1, *k_cache.shape[2:])[slot_mapping.long()] = key
+        v_cache.view(-1, *v_cache.shape[2:])[slot_mapping.long()] = value
+        """,
+        "padding slots (-1) not skipped: they overwrite the cache's last slot",
+    ),
+    # --- 07 ----------------------------------------------------------------------------------------------------
+    Wrong(
+        "causal_mask",
+        "",
+        "aligned top-left (query i sees keys 0..i) instead of bottom-right",
+        edit=(("j <= i + (k_len - q_len)", "j <= i"),),
+    ),
+    Wrong(
+        "gather_paged",
+        "return cache.flatten(0, 1)[:length]",
+        "the cache read in order, the block table ignored",
+    ),
+    Wrong(
+        "decode_gather",
+        "",
+        "key j of every sequence taken from slot j (the block tables ignored)",
+        edit=(
+            (
+                "tables[:, pos // block_size] * block_size + pos % block_size",
+                "pos[None, :].expand(tables.shape[0], -1)",
+            ),
+        ),
+    ),
+    Wrong(
+        "varlen_attention",
+        "return _sdpa(q[None], k[None], v[None], scale, causal=True)[0]",
+        "the packed batch attended as one sequence (a sequence sees the ones before it)",
+    ),
+    Wrong(
+        "paged_prefill_attention",
+        "",
+        "the cached prefix ignored: the queries attend to themselves only",
+        edit=(
+            (
+                "mask = causal_mask(end - start, lens[i], q.device)",
+                "mask = causal_mask(end - start, lens[i], q.device)\n"
+                "    k, v, mask = k[-(end - start) :], v[-(end - start) :], causal_mask(end - start, end - start, q.device)",
+            ),
+        ),
+    ),
+    Wrong(
+        "paged_decode_attention",
+        "",
+        "no mask: a sequence attends to keys past its context",
+        edit=(("mask=g.mask", "mask=None"),),
+    ),
+    Wrong(
+        "paged_decode_kernel",
+        "",
+        "online softmax without the running max: exp of raw scores (overflows fp32)",
+        edit=(("m_new = tl.maximum(m, tl.max(s, axis=1))", "m_new = tl.zeros((BLOCK_G,), tl.float32)"),),
+    ),
+    Wrong(
+        "paged_decode_kernel",
+        "",
+        "the running sum not rescaled when the max grows",
+        edit=(("l = l * alpha + tl.sum(p, axis=1)", "l = l + tl.sum(p, axis=1)"),),
+    ),
+    Wrong(
+        "combine_splits_kernel",
+        "",
+        "splits averaged with equal weights instead of by their log-sum-exp",
+        edit=(
+            (
+                'w = tl.where(lse > -float("inf"), tl.exp2(lse - top), 0.0)',
+                'w = tl.where(lse > -float("inf"), 1.0, 0.0)',
+            ),
+        ),
     ),
 ]
