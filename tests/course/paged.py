@@ -4,6 +4,7 @@ that chapters 06-08 compare with."""
 from dataclasses import dataclass
 
 import torch
+
 from helpers.course import odd_size
 
 

@@ -4,9 +4,9 @@ and why the engine's GPU path is the kernel: the masked index assignment asks th
 
 import pytest
 import torch
-from helpers.course import DTYPES, assert_exact, odd_size, seeded
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from helpers.course import DTYPES, odd_size, seeded
 from minivllm.kernels.triton.store_kvcache import store_kvcache
 from minivllm.layers.attention import store_kvcache_torch
 

@@ -5,9 +5,9 @@ Scores that overflow exp in fp32 catch an online softmax without its running max
 
 import pytest
 import torch
-from helpers.course import DTYPES, assert_close, assert_exact, odd_size, seeded
 from paged import attention_exact, attention_fp32, make_paged, sizes
 
+from helpers.course import DTYPES, assert_close, assert_exact, odd_size, seeded
 from minivllm.kernels.triton.paged_decode import paged_decode
 from minivllm.layers import torch_attention as ta
 

@@ -268,8 +268,8 @@ WRONG += [
         edit=(
             (
                 "mask = causal_mask(end - start, lens[i], q.device)",
-                "mask = causal_mask(end - start, lens[i], q.device)\n"
-                "    k, v, mask = k[-(end - start) :], v[-(end - start) :], causal_mask(end - start, end - start, q.device)",
+                "mask = causal_mask(end - start, lens[i], q.device)\n    n = end - start\n"
+                "    k, v, mask = k[-n:], v[-n:], causal_mask(n, n, q.device)",
             ),
         ),
     ),
