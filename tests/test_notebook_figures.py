@@ -2,11 +2,15 @@
 displays it (plt.show() under the inline backend; `matplotlib.use("Agg")` would hide it), the committed
 outputs hold the images, and each image stays small (the repository and a GPU machine's upload stay light)."""
 
+import base64
+import io
 import json
 import re
 from pathlib import Path
 
 import pytest
+
+from helpers.figures import drawn_figures, stale
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -54,3 +58,70 @@ def test_runs_do_not_rewrite_tracked_figures(path):
         assert not TRACKED_FIGURE.search(source(c)), (
             f"{path.name} cell {c['execution_count']}: saves into the tracked figures/; save to figures_dir()"
         )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def test_committed_figures_are_what_the_notebooks_display():
+    """figures/X.png is the image its notebook displays in the committed outputs, pixel for pixel: re-executing a
+    notebook (on new recorded results, or a redrawn figure) without exporting its figures fails here."""
+    problems = stale(ROOT / "notebooks", ROOT / "figures")
+    assert not problems, "figures/ is stale; run python3 scripts/export_figures.py:\n" + "\n".join(problems)
+
+
+def _png(color: str) -> bytes:
+    from matplotlib.figure import Figure  # no pyplot: the process's backend stays as it is
+
+    fig = Figure(figsize=(1, 1))
+    fig.add_subplot().set_facecolor(color)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=20)
+    return buf.getvalue()
+
+
+def _notebook(cells: list[tuple[str, list[bytes]]]) -> str:
+    def outputs(pngs: list[bytes]) -> list[dict]:
+        return [{"output_type": "display_data", "data": {"image/png": base64.b64encode(p).decode()}} for p in pngs]
+
+    return json.dumps(
+        {
+            "cells": [
+                {"cell_type": "code", "execution_count": i + 1, "source": src, "outputs": outputs(pngs)}
+                for i, (src, pngs) in enumerate(cells)
+            ]
+        }
+    )
+
+
+def test_stale_figures_are_found(tmp_path):
+    """The check above can fail: a stale copy, a missing one, an orphan, and a cell whose saves and images
+    disagree are each reported; an exact or re-encoded copy is not; a displayed-only figure is found by its cell."""
+    red, blue = _png("red"), _png("blue")
+    notebooks, figures = tmp_path / "notebooks", tmp_path / "figures"
+    notebooks.mkdir(), figures.mkdir()
+    (notebooks / "01_a.ipynb").write_text(
+        _notebook([('fig.savefig(FIGURES / "01_a.png", dpi=80)', [red]), ('fig.savefig(FIGURES / "01_b.png")', [blue])])
+    )
+    (notebooks / "02_b.ipynb").write_text(_notebook([("print(1)", []), ("ax.set_title('timings')", [red])]))
+    only = {"02_t.png": ("02_b.ipynb", "'timings'")}
+    (figures / "01_a.png").write_bytes(red)
+    (figures / "02_t.png").write_bytes(red)
+    assert stale(notebooks, figures, only) == ["01_b.png: drawn by 01_a.ipynb, no copy in figures/"]
+    (figures / "01_b.png").write_bytes(red)  # an old drawing
+    (figures / "01_c.png").write_bytes(red)
+    (figures / "02_t.png").write_bytes(blue)
+    assert stale(notebooks, figures, only) == [
+        "01_b.png: differs from what 01_a.ipynb cell 2 displays",
+        "02_t.png: differs from what 02_b.ipynb cell 2 displays",
+        "01_c.png: in figures/, drawn by no notebook",
+    ]
+    (figures / "01_c.png").unlink()
+    (figures / "02_t.png").write_bytes(red)
+    from PIL import Image
+
+    Image.open(io.BytesIO(blue)).save(figures / "01_b.png", optimize=True, compress_level=1)  # re-encoded, same pixels
+    assert (figures / "01_b.png").read_bytes() != blue and stale(notebooks, figures, only) == []
+    with pytest.raises(ValueError, match="want one cell"):
+        drawn_figures(notebooks, {"02_t.png": ("02_b.ipynb", "print")})  # a cell without its image
+    (notebooks / "01_a.ipynb").write_text(_notebook([('f.savefig(figures_dir() / "01_a.png")', [])]))
+    with pytest.raises(ValueError, match="saves"):
+        drawn_figures(notebooks, {})
