@@ -303,3 +303,53 @@ WRONG += [
         ),
     ),
 ]
+
+WRONG += [
+    # --- 08 ----------------------------------------------------------------------------------------------------
+    Wrong(
+        "Attention.forward",
+        "return self.attend(q, k, v, get_context())",
+        "the new K/V never stored: later steps read an empty cache",
+    ),
+    Wrong(
+        "Attention.attend",
+        """
+        backend = self.backend
+        if context.is_prefill:
+            return backend.prefill(q, k, v, context.cu_seqlens_q, context.max_seqlen_q, self.scale)
+        tables = backend.tables(context)
+        return backend.decode(q, self.k_cache, self.v_cache, context.context_lens, tables, self.scale)
+        """,
+        "a prefill always over the fresh K/V: a later chunk does not see its cached prefix",
+    ),
+    Wrong(
+        "Attention.attend_paged",
+        "",
+        "the decode rows left out of the result",
+        edit=(("return torch.cat([decoded, out]) if d else out", "return out"),),
+    ),
+    # --- 09 ----------------------------------------------------------------------------------------------------
+    Wrong(
+        "exponential_race",
+        """
+        probs = torch.softmax(logits, dim=-1)
+        noise = torch.empty_like(probs).exponential_(1, generator=generator)
+        return (probs / noise).argmax(dim=-1)
+        """,
+        "temperature ignored (and temperature 0 not greedy)",
+    ),
+    Wrong(
+        "exponential_race",
+        "",
+        "argmax(p * E) instead of argmax(p / E)",
+        edit=(("sampled = (probs / noise).argmax(dim=-1)", "sampled = (probs * noise).argmax(dim=-1)"),),
+    ),
+    Wrong(
+        "seeded_draw",
+        """
+        probs = torch.softmax(logits_row.float() / temperature, dim=-1)
+        return (probs / torch.empty_like(probs).exponential_(1)).argmax()
+        """,
+        "noise from torch's global generator, not the row's own",
+    ),
+]
