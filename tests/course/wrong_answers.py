@@ -353,3 +353,187 @@ WRONG += [
         "noise from torch's global generator, not the row's own",
     ),
 ]
+
+WRONG += [
+    # --- 10 ----------------------------------------------------------------------------------------------------
+    Wrong(
+        "Qwen3Attention.forward",
+        "",
+        "RoPE before the per-head QK-norm",
+        edit=(
+            ("if self.qk_norm:  # per-head", "q, k = self.rotary_emb(positions, q, k)\nif self.qk_norm:  # per-head"),
+            ("q, k = self.rotary_emb(positions, q, k)\no = self.attn", "o = self.attn"),
+        ),
+    ),
+    Wrong(
+        "Qwen3MLP.forward",
+        "return self.down_proj(self.gate_up_proj(x)[..., : self.down_proj.weight.shape[1]])",
+        "the activation left out",
+    ),
+    Wrong(
+        "Qwen3DecoderLayer.forward",
+        "",
+        "the MLP's input not normalised (post_attention_layernorm skipped)",
+        edit=(
+            (
+                "hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)",
+                "hidden_states, residual = hidden_states + residual, hidden_states + residual",
+            ),
+        ),
+    ),
+    Wrong(
+        "Qwen3Model.forward",
+        "",
+        "the final norm without the last residual",
+        edit=(("hidden_states, _ = self.norm(hidden_states, residual)", "hidden_states = self.norm(hidden_states)"),),
+    ),
+    # --- 11 ----------------------------------------------------------------------------------------------------
+    Wrong(
+        "BlockManager.compute_hash",
+        """
+        h = xxhash.xxh64()
+        h.update(np.array(token_ids, dtype=np.int64).tobytes())
+        return h.intdigest()
+        """,
+        "the prefix hash not chained in",
+    ),
+    Wrong(
+        "BlockManager._take",
+        """
+        block = self.blocks[block_id]
+        del self.free_block_ids[block_id]
+        block.ref_count = 1
+        return block
+        """,
+        "a taken block not marked used: a prefix hit on it bumps nothing",
+    ),
+    Wrong(
+        "BlockManager._allocate_fresh",
+        """
+        block = self._take(next(iter(self.free_block_ids)))
+        block.hash, block.token_ids = -1, []
+        return block.block_id
+        """,
+        "a reallocated block stays in the hash table",
+    ),
+    Wrong(
+        "BlockManager.allocate_prefix",
+        "",
+        "the last token matched too (a full-prompt hit leaves nothing to compute)",
+        edit=(("range((seq.num_tokens - 1) // self.block_size)", "range(seq.num_tokens // self.block_size)"),),
+    ),
+    Wrong(
+        "BlockManager.num_blocks_needed",
+        "return (num_tokens + self.block_size - 1) // self.block_size - len(seq.block_table)",
+        "no max(0, .): a sequence holding more blocks than needed gets a negative count",
+    ),
+    Wrong(
+        "BlockManager.can_grow",
+        "return self.num_blocks_needed(seq, num_tokens) < self.num_free_blocks",
+        "off by one: the last free block is never granted",
+    ),
+    Wrong(
+        "BlockManager.grow",
+        "seq.block_table.append(self._allocate_fresh())",
+        "one block per call, whatever the step needs",
+    ),
+    Wrong(
+        "BlockManager.register_computed",
+        "",
+        "every block hashed alone, not chained on the one before",
+        edit=(("prefix = self.blocks[seq.block_table[i - 1]].hash if i > 0 else -1", "prefix = -1"),),
+    ),
+    Wrong(
+        "BlockManager.deallocate",
+        "",
+        "freed blocks not returned to the free list",
+        edit=(("self.free_block_ids[block_id] = None  # newest free, reused last", "pass"),),
+    ),
+    # --- 12 ----------------------------------------------------------------------------------------------------
+    Wrong(
+        "Scheduler.finish",
+        "",
+        "a finished sequence keeps its blocks",
+        edit=(("self.block_manager.deallocate(seq)\n", ""),),
+    ),
+    Wrong(
+        "Scheduler.preempt",
+        "",
+        "the victim goes to the back of the queue (FIFO order lost, it waits behind newer requests)",
+        edit=(("self.waiting.appendleft(seq)", "self.waiting.append(seq)"),),
+    ),
+    Wrong(
+        "Scheduler._fit",
+        "",
+        "the oldest running sequence preempted instead of the newest",
+        edit=(("victim = self.running[-1]", "victim = self.running[0]"),),
+    ),
+    Wrong(
+        "Scheduler.schedule",
+        "",
+        "prefill chunks scheduled before decodes",
+        edit=(("for seq in decoding + prefilling:", "for seq in prefilling + decoding:"),),
+    ),
+    Wrong(
+        "Scheduler.schedule",
+        "",
+        "a waiting prompt admitted whole, over the token budget",
+        edit=(
+            (
+                "    n = min(seq.num_tokens - seq.num_computed_tokens, budget)\n    if not self",
+                "    n = seq.num_tokens - seq.num_computed_tokens\n    if not self",
+            ),
+        ),
+    ),
+    Wrong(
+        "Scheduler.on_launch",
+        "",
+        "a prefill chunk samples a token too",
+        edit=(
+            (
+                "if seq.num_computed_tokens < seq.num_tokens:  # a prefill chunk: no token sampled yet",
+                "if seq.num_computed_tokens < seq.num_tokens - 100:",
+            ),
+        ),
+    ),
+    Wrong(
+        "Scheduler.on_result",
+        "",
+        "EOS ignored",
+        edit=(("and token_id in self.eos:", "and token_id in ():"),),
+    ),
+    # --- 13 ----------------------------------------------------------------------------------------------------
+    Wrong(
+        "token_slots",
+        """
+        pos = np.arange(end - start)
+        table = np.asarray(block_table, dtype=np.int64)
+        return table[pos // block_size] * block_size + pos % block_size
+        """,
+        "start ignored: positions counted from 0",
+    ),
+    Wrong(
+        "block_tables_of",
+        "",
+        "padded with 0 (a real block) instead of -1",
+        edit=(("np.full((rows, width), -1, dtype=np.int32)", "np.zeros((rows, width), dtype=np.int32)"),),
+    ),
+    Wrong(
+        "pending_sources",
+        "",
+        "pending ids left in place (not set to 0)",
+        edit=(("input_ids[pending] = 0\n", ""),),
+    ),
+    Wrong(
+        "prepare_prefill",
+        "",
+        "context lengths counted as the new tokens only",
+        edit=(("context_lens=ends.astype(np.int32)", "context_lens=(ends - starts).astype(np.int32)"),),
+    ),
+    Wrong(
+        "prepare_decode",
+        "",
+        "the position of the next token, not the last one",
+        edit=(("p = s.num_tokens - 1", "p = s.num_tokens"),),
+    ),
+]
