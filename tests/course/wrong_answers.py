@@ -537,3 +537,42 @@ WRONG += [
         edit=(("p = s.num_tokens - 1", "p = s.num_tokens"),),
     ),
 ]
+
+WRONG += [
+    # --- 14 ----------------------------------------------------------------------------------------------------
+    Wrong(
+        "LLMEngine.step",
+        "",
+        "returns only the failed requests' outputs: the tokens read back are lost",
+        edit=(("return outputs + failed", "return failed"),),
+    ),
+    Wrong(
+        "LLMEngine.step",
+        "",
+        "the step in flight read back before the launch, always: the outputs come one step late and the last is lost",
+        edit=(
+            (
+                "if self.in_flight is not None:\n    outputs += self._finish(self.in_flight)\n    progressed = True\n",
+                "",
+            ),
+        ),
+    ),
+    Wrong(
+        "LLMEngine.add_request",
+        "",
+        "the request recorded but never handed to the scheduler",
+        edit=(("    self._schedule(request)", "    pass"),),
+    ),
+    Wrong(
+        "LLMEngine._launch",
+        "",
+        "the scheduler not told of the launch (on_launch skipped): no token is ever expected",
+        edit=(("sampled = self.scheduler.on_launch(seqs)", "sampled = []"),),
+    ),
+    Wrong(
+        "LLMEngine._finish",
+        "",
+        "reports the token before the one sampled",
+        edit=(("[seq.token_ids[pos]]", "[seq.token_ids[pos - 1]]"),),
+    ),
+]
