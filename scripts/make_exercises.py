@@ -27,6 +27,17 @@ sys.path.insert(0, str(ROOT / "tests"))  # tests/helpers
 from helpers.course_edition import exercises, write_package  # noqa: E402
 from helpers.notebooks import exercises_of, learner_edition, read  # noqa: E402
 
+# The first cell of every learner's notebook: the edition beside it comes first on the path, whatever else is
+# installed (an editable install of the reference, a PYTHONPATH), and the cell says which minivllm it imported.
+FIRST_CELL = """# Your minivllm: the copy beside this notebook (exercises/minivllm), whose functions you write
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path.cwd()))
+import minivllm  # noqa: E402
+
+print("minivllm imported from", Path(minivllm.__file__).parent.relative_to(Path.cwd().parent))"""
+
 
 def make_exercises(src: Path, out: Path, force: bool = False) -> list[tuple[str, int, bool]]:
     """Writes the edition of every `src/*.ipynb` into `out`, keeping files already there unless `force`;
@@ -39,7 +50,10 @@ def make_exercises(src: Path, out: Path, force: bool = False) -> list[tuple[str,
         target = out / path.name
         write = force or not target.exists()
         if write:
-            nbformat.write(learner_edition(nb), target)
+            edition = learner_edition(nb)
+            first = nbformat.v4.new_code_cell(FIRST_CELL, metadata={"edition_path": True})
+            edition.cells.insert(0, first)
+            nbformat.write(edition, target)
         done.append((path.name, count, write))
     return done
 
@@ -56,6 +70,9 @@ def main() -> None:
     for name, count, write in done:
         print(f"{name:<40} {count:>2} exercises  {'written' if write else 'kept (exists; --force overwrites)'}")
     print(f"{sum(c for _, c, _ in done)} exercises in {len(done)} notebooks -> {args.out}")
+    helpers = args.out / "helpers"  # the test helpers the notebooks import (notebooks/helpers is the same link)
+    if not helpers.exists():
+        helpers.symlink_to(ROOT / "tests" / "helpers", target_is_directory=True)
     listed = exercises()
     if (args.out / "minivllm").exists() and not args.force:
         print(f"{args.out / 'minivllm'}: kept (exists; --force overwrites)")

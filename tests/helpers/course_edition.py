@@ -27,6 +27,11 @@ class Exercise:
     notebook: str  # "06_store_kvcache_triton.ipynb"
 
     @property
+    def name(self) -> str:
+        """The function's own name: `forward` of `RMSNorm.forward`."""
+        return self.qualname.rsplit(".", 1)[-1]
+
+    @property
     def message(self) -> str:
         return f"chapter {self.chapter}: write {self.qualname} (see notebooks/{self.notebook})"
 
