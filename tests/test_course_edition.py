@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.course_edition import ROOT, body_of, exercises, fill_package, find_function, replace_body, stub_source
+from helpers.course_edition import ROOT, body_of, exercises, fill_package, find_function, stub_source
 
 sys.path.insert(0, str(ROOT / "tests" / "course"))
 from wrong_answers import WRONG
@@ -145,28 +145,31 @@ def test_course_checks_pass_on_the_filled_edition(filled):
 
 
 @pytest.mark.slow
-def test_each_wrong_answer_fails_its_chapter(filled, tmp_path):
+def test_each_wrong_answer_fails_its_chapter(filled):
+    """Each planted wrong answer, in the filled edition, fails its chapter's checks with a message naming the
+    function (helpers/course_plant.py: one process per chapter plants its wrong answers one after another)."""
     listed = {e.qualname: e for e in exercises()}
     assert {w.qualname for w in WRONG} == set(listed), (
         f"exercises without a planted wrong answer: {sorted(set(listed) - {w.qualname for w in WRONG})}"
     )
-
-    def plant(i: int) -> str | None:
-        w = WRONG[i]
-        e = listed[w.qualname]
-        copy = tmp_path / f"wrong{i}"
-        shutil.copytree(filled / "minivllm", copy / "minivllm")
-        path = copy / e.module
-        text = path.read_text()
-        path.write_text(replace_body(text, e.qualname, w.wrong_body(body_of(text, e.qualname))))
-        result = run_course(copy, e.chapter, "-x", "-m", "not slow", timeout=300)
-        shutil.rmtree(copy)
-        failures = "\n".join(line for line in result.stdout.splitlines() if line.startswith("E "))
-        if result.returncode == 0:
-            return f"{w.qualname} ({w.why}): chapter {e.chapter}'s checks pass"
-        if e.name not in failures:
-            return f"{w.qualname} ({w.why}): the failure does not name it:\n{failures[-1500:]}"
-        return None
-
-    problems = [p for p in map(plant, range(len(WRONG))) if p]
+    env = dict(os.environ, MINIVLLM_EDITION=str(filled))
+    env["PYTHONPATH"] = os.pathsep.join([str(filled), str(ROOT / "tests")])
+    problems = []
+    for chapter in sorted({e.chapter for e in listed.values()}):
+        indices = [i for i, w in enumerate(WRONG) if listed[w.qualname].chapter == chapter]
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "helpers" / "course_plant.py"), chapter, *map(str, indices)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert result.returncode == 0, f"chapter {chapter}: planting failed\n{result.stderr[-3000:]}"
+        for i, (code, failures) in json.loads(result.stdout.strip().splitlines()[-1]).items():
+            w = WRONG[int(i)]
+            if code == 0:
+                problems.append(f"{w.qualname} ({w.why}): chapter {chapter}'s checks pass")
+            elif listed[w.qualname].name not in failures:
+                problems.append(f"{w.qualname} ({w.why}): the failure does not name it:\n{failures[-1500:]}")
     assert not problems, "\n".join(problems)

@@ -4,9 +4,8 @@ and why the engine's GPU path is the kernel: the masked index assignment asks th
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from helpers.course import DTYPES, odd_size, seeded
+from helpers.course import DTYPES, HostSyncs, odd_size, seeded
 from minivllm.kernels.triton.store_kvcache import store_kvcache
 from minivllm.layers.attention import store_kvcache_torch
 
@@ -64,26 +63,6 @@ def test_store_launch_checks_its_inputs():
     k, v, k_cache, v_cache, slots = case(torch.float32, 31)
     with pytest.raises(AssertionError, match="slot_mapping"):
         store_kvcache(k, v, k_cache, v_cache, slots[:-1])
-
-
-class HostSyncs(TorchDispatchMode):
-    """Records the aten ops of a call that need the host to learn a value computed on the device: reading a
-    scalar back (`_local_scalar_dense`, behind `bool(t)` and `.item()`), and ops whose output size depends on the
-    data (`nonzero`, indexing with a boolean mask). A CUDA graph cannot hold any of them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.found: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        if name in ("_local_scalar_dense", "nonzero", "masked_select"):
-            self.found.append(name)
-        elif name in ("index", "index_put_", "index_put"):
-            masks = [i for i in args[1] if isinstance(i, torch.Tensor) and i.dtype == torch.bool]
-            if masks:
-                self.found.append(f"{name} with a boolean mask")
-        return func(*args, **(kwargs or {}))
 
 
 def test_masked_assignment_needs_the_host():

