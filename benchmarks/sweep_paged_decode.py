@@ -24,8 +24,8 @@ import torch
 import triton.testing
 
 from helpers.benchmark import save_json
+from minivllm.kernels.torch_attention import paged_decode_attention
 from minivllm.kernels.triton.paged_decode import HEADS_FASTEST, num_splits, paged_decode
-from minivllm.layers.torch_attention import paged_decode_attention
 
 H, HKV, D, PAGE = 16, 8, 128, 256
 SCENARIOS = [(256, 600, 600), (256, 100, 1500), (128, 300, 1800), (64, 500, 2000), (16, 1000, 2000)]  # B, ctx lo, hi

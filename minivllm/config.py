@@ -1,10 +1,8 @@
 """Engine configuration (nano-vllm's config.py): one dataclass of the engine's arguments, checked on construction,
-each error naming the argument. `Config.from_engine_args` also takes vLLM's names for them (`block_size`) and accepts
-those that do nothing here with a warning that says why, as vLLM does for options that do not apply."""
+each error naming the argument. vLLM's other names for them are the front end's (frontend/engine_args.py)."""
 
-import logging
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PretrainedConfig
@@ -12,14 +10,6 @@ from transformers import PretrainedConfig
 from minivllm.checkpoint import load_hf_config
 from minivllm.kernels.table import KernelOptions
 
-logger = logging.getLogger("minivllm")
-
-RENAMED = {"block_size": "kvcache_block_size"}  # vLLM's name -> ours
-IGNORED = {  # vLLM's arguments that have no effect here -> why
-    "swap_space": "preempted sequences are recomputed, never swapped to CPU memory",
-    "disable_log_stats": "the offline engine logs no statistics",
-    "trust_remote_code": "only minivllm's built-in architectures load; no checkpoint code is run",
-}
 POSITIVE = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "kvcache_block_size", "tensor_parallel_size")
 
 
@@ -86,22 +76,3 @@ class Config:
             return torch.float32
         dtype = getattr(self.hf_config, "dtype", None) or getattr(self.hf_config, "torch_dtype", None) or torch.bfloat16
         return getattr(torch, dtype) if isinstance(dtype, str) else dtype
-
-    @classmethod
-    def from_engine_args(cls, model: str, **kwargs) -> "Config":
-        """A Config from `LLM(model, **kwargs)`: vLLM's names renamed, the arguments that do nothing dropped."""
-        args = {}
-        for name, value in kwargs.items():
-            if name in IGNORED:
-                logger.warning("%s=%r has no effect in minivllm: %s", name, value, IGNORED[name])
-            elif name in RENAMED:
-                if RENAMED[name] in kwargs:
-                    raise TypeError(f"give {name} or {RENAMED[name]}, not both")
-                args[RENAMED[name]] = value
-            else:
-                args[name] = value
-        names = {f.name for f in fields(cls)} - {"model", "hf_config"}
-        unknown = sorted(set(args) - names)
-        if unknown:
-            raise TypeError(f"unknown engine argument(s) {unknown}; valid ones are {sorted(names)}")
-        return cls(model, **args)

@@ -2,14 +2,7 @@
 request is accepted (frontend/sampling_checks.py, called by the Processor that LLM and the server run): a bad
 value is a ValueError that names the field, and vLLM's other spellings are normalised there (top_k -1, a
 temperature below 1e-5 as greedy).
-
-The pipeline they drive, in order (minivllm/frontend/sampling_inputs.py, `sample_tokens`): log-probabilities
-of the raw logits (`logprobs`), `min_tokens` (EOS and `stop_token_ids` masked until reached), the penalties
-(`repetition_penalty` over prompt + output tokens, `frequency_penalty` / `presence_penalty` over output
-tokens), then temperature, `min_p`, `top_k`, `top_p`, and the draw (`seed`: the request's own random stream).
-On the host: `stop` strings on the detokenised text, `max_tokens`, `ignore_eos`. Before the penalties,
-`allowed_token_ids`, `bad_words` and `logit_bias` (frontend/logits_processors.py). `structured_outputs` masks the
-logits before all of these, logprobs included as in vLLM (minivllm/frontend/structured_outputs)."""
+The pipeline they drive, in order: frontend/sampling_inputs.py."""
 
 import copy
 from dataclasses import dataclass, field
@@ -66,20 +59,6 @@ class SamplingParams:
     def needs_history(self) -> bool:
         """Penalties and bad words read every previous token (the engine waits for the step in flight)."""
         return self.has_penalties or bool(self.bad_words)
-
-    @property
-    def needs_processing(self) -> bool:
-        """Anything beyond temperature: the row is sampled outside the decode graph, by the sampling hook."""
-        return (
-            self.top_k > 0
-            or self.top_p < 1
-            or self.min_p > 0
-            or self.needs_history
-            or (self.seed is not None and self.temperature > 0)
-            or self.logprobs is not None
-            or bool(self.logit_bias or self.allowed_token_ids)
-            or self.structured_outputs is not None  # the grammar's mask, on the eager path
-        )
 
     def clone(self) -> "SamplingParams":
         """A deep copy (vLLM's clone): changing one's lists or dicts leaves the other as it was."""

@@ -1,7 +1,9 @@
 """The core's size beside nano-vllm's: non-blank lines of each file a reader of the core opens (the core's own files
 and every minivllm module they import, followed to the end), file for file against nano-vllm's counterpart where it
 has one. The extras (kernels' implementations, frontend/, serve/) are listed apart: a learner of the core can skip
-them.
+them. Then what a learner opens for chapters 01-14: the modules each notebook names in its first cell as the ones it
+builds and verifies, and every minivllm module they import (an extra's own imports not followed: the seams), the
+Triton kernels the chapters build included.
 
   python3 scripts/core_size.py            # the table
   python3 scripts/core_size.py --json     # the same as JSON"""
@@ -36,6 +38,24 @@ NANO_VLLM = {
 CORE = ["config.py", "sampling_params.py", "llm.py", "engine", "layers", "models", "utils/context.py"]
 CORE += ["utils/loader.py", "utils/dist.py"]
 EXTRAS = ("kernels/", "frontend/", "serve/")
+# chapter -> the modules its notebook names in its first cell as the ones it builds and verifies
+CHAPTERS = {
+    "01": ["layers/layernorm.py"],
+    "02": ["layers/rotary_embedding.py"],
+    "03": ["layers/activation.py"],
+    "04": ["layers/linear.py"],
+    "05": ["layers/embed_head.py"],
+    "06": ["kernels/triton/store_kvcache.py", "layers/attention.py", "kernels/triton/attention_prologue.py"],
+    "07": ["kernels/attention_backend.py", "kernels/torch_attention.py", "kernels/triton/paged_decode.py"],
+    "08": ["models/qwen3.py", "layers/attention.py"],
+    "09": ["layers/sampler.py", "kernels/triton/sampler.py"],
+    "10": ["models/qwen3.py", "utils/loader.py", "frontend/default_model.py"],
+    "11": ["engine/block_manager.py"],
+    "12": ["engine/scheduler.py"],
+    "13": ["engine/model_runner.py", "engine/cuda_graphs.py"],
+    "14": ["llm.py", "engine/llm_engine.py"],
+}
+LEARNER_LIMIT = (3000, 32)  # lines, files
 
 
 def lines(path: Path) -> int:
@@ -61,15 +81,25 @@ def imports(path: Path) -> set[Path]:
     return found
 
 
-def reached(start: list[Path]) -> set[Path]:
+def reached(start: list[Path], follow_extras: tuple[str, ...] = ()) -> set[Path]:
+    """The files `start` opens, and every minivllm module they import, followed to the end; an extra's own imports
+    are not followed (they are not the core's), except under `follow_extras` (a chapter's own kernels)."""
     seen, todo = set(), list(start)
     while todo:
         path = todo.pop()
         if path not in seen:
             seen.add(path)
-            if not str(path.relative_to(ROOT)).startswith(EXTRAS):  # an extra's own imports are not the core's
+            rel = str(path.relative_to(ROOT))
+            if not rel.startswith(EXTRAS) or rel in follow_extras:
                 todo += imports(path)
     return seen
+
+
+def learner_files() -> dict[str, int]:
+    """What a learner opens for chapters 01-14: each chapter's named modules and what they import."""
+    named = sorted({m for modules in CHAPTERS.values() for m in modules})
+    files = reached([ROOT / m for m in named], follow_extras=tuple(named))
+    return {str(f.relative_to(ROOT)): lines(f) for f in files if lines(f)}
 
 
 def main() -> None:
@@ -81,7 +111,11 @@ def main() -> None:
     core = {f: n for f, n in files.items() if not f.startswith(EXTRAS)}
     extras = {f: n for f, n in files.items() if f.startswith(EXTRAS)}
     named = {f: (core.get(f, 0), n) for f, n in NANO_VLLM.items()}
+    learner = learner_files()
     report = dict(
+        learner_files=len(learner),
+        learner_lines=sum(learner.values()),
+        learner=dict(sorted(learner.items())),
         core_files=len(core),
         core_lines=sum(core.values()),
         extras_the_core_reaches=extras,
@@ -102,6 +136,10 @@ def main() -> None:
     print(f"the {len(NANO_VLLM)} files with nano-vllm's names: {report['named_lines']} lines, {ratio:.2f}x nano-vllm's")
     if extras:
         print(f"extras the core imports (the seams, and llm.py's front end): {sorted(extras)}")
+    print(f"\nwhat a learner opens for chapters 01-14 (limit {LEARNER_LIMIT[0]} lines in {LEARNER_LIMIT[1]} files):")
+    for f, n in sorted(learner.items()):
+        print(f"  {f:<40} {n:>5}")
+    print(f"chapters 01-14: {report['learner_lines']} lines in {report['learner_files']} files")
 
 
 if __name__ == "__main__":

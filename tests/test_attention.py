@@ -10,8 +10,8 @@ import torch
 import minivllm  # noqa: F401  (TRITON_INTERPRET=1 without CUDA, for store_kvcache)
 from conftest import assert_close
 from minivllm.kernels import attention_backends
+from minivllm.kernels.torch_attention import gather_paged
 from minivllm.layers.attention import Attention
-from minivllm.layers.torch_attention import gather_paged
 from minivllm.utils.context import Context, reset_context, set_context
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

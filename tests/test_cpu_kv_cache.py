@@ -1,5 +1,5 @@
 """The CPU KV cache and the CPU decode path: the cache's memory (engine/kv_cache.py: its own zeroed mapping,
-small pages) and the decode gather every layer of a step shares (layers/torch_attention.py: built once per
+small pages) and the decode gather every layer of a step shares (kernels/torch_attention.py: built once per
 step, rebuilt whenever its inputs' values change, even when they change in place)."""
 
 import gc
@@ -10,8 +10,8 @@ import torch
 
 from minivllm import LLM, SamplingParams
 from minivllm.engine.kv_cache import allocate_zeroed
-from minivllm.layers import torch_attention
-from minivllm.layers.torch_attention import DecodeGather, decode_gather, paged_decode_attention
+from minivllm.kernels import torch_attention
+from minivllm.kernels.torch_attention import DecodeGather, decode_gather, paged_decode_attention
 
 CPU = torch.device("cpu")
 

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from minivllm import LLM, SamplingParams
-from minivllm.kernels import KernelOptions, attention_backends, pick
+from minivllm.kernels import KernelOptions, attention_backends, pick, torch_attention
 from minivllm.kernels.cpu import build
 from minivllm.kernels.cpu import ops as cpu_ops
-from minivllm.layers import activation, attention, layernorm, rotary_embedding, torch_attention
+from minivllm.layers import activation, attention, layernorm, rotary_embedding
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

@@ -1,11 +1,11 @@
-"""The engine's sampling end to end: each request's temperature, top-k and top-p reach the sampler row by row
-through ModelRunner (minivllm/engine/model_runner.py -> minivllm/layers/sampler.py), in batches that mix greedy
-and sampled requests. Many requests share one prompt, so their tokens are draws from one distribution: the
-prefill step's token must follow softmax(logits / T) cut to the request's top-k and top-p, with transformers'
-logits on the same weights (chi-square, tests/helpers/stats.py), and so must the decode step's token given
-the first. Then the GPU path's Triton kernels inside the engine on CPU (the triton_on_cpu kernel option: the KV-cache
-store, the fused prologue and the sampler's inverse-CDF kernels, through the Triton interpreter): the torch
-paths' greedy tokens, and draws that fit the same probabilities."""
+"""The engine's sampling end to end: each request's temperature, top-k and top-p reach the sampler row by row through
+ModelRunner (engine/model_runner.py -> frontend/sampling_filters.py -> layers/sampler.py), in batches that mix
+greedy and sampled requests. Many requests share one prompt, so their tokens are draws from one distribution: the
+prefill step's token must follow softmax(logits / T) cut to the request's top-k and top-p, with transformers' logits
+on the same weights (chi-square, tests/helpers/stats.py), and so must the decode step's token given the first. Then
+the GPU path's Triton kernels inside the engine on CPU (the triton_on_cpu kernel option: the KV-cache store, the
+fused prologue and the sampler's inverse-CDF kernels, through the Triton interpreter): the torch paths' greedy
+tokens, and draws that fit the same probabilities."""
 
 import pytest
 import torch
@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from helpers.stats import chi2_gof, chi2_two_sample, fits, reference_probs
 from minivllm import LLM, SamplingParams
+from minivllm.frontend import sampling_inputs
 from minivllm.kernels.triton import attention_prologue, sampler, store_kvcache
 from minivllm.layers import attention
 
@@ -61,16 +62,26 @@ def mixed_batch(groups: list, block: int, mixed: int, max_tokens: int) -> tuple[
     return [params(None if g is None else groups[g], max_tokens) for g in group_of], group_of
 
 
-def record_sampler_calls(llm: LLM) -> list[tuple[bool, bool, bool]]:
-    """Per sampler call: (some row greedy, some row sampled, top-k / top-p tensors passed)."""
-    calls, forward = [], llm.model_runner.sampler.forward
+def record_sampler_calls(llm: LLM, monkeypatch) -> list[tuple[bool, bool, bool]]:
+    """Per sampler call: (some row greedy, some row sampled, top-k / top-p tensors passed to the front end's filters
+    before this draw)."""
+    calls, forward, filtered = [], llm.model_runner.sampler.forward, []
+    filters = sampling_inputs.sample  # the front end's filters, then the sampler's draw (frontend/sampling_filters.py)
 
-    def recorded(logits, temperatures, top_ks=None, top_ps=None, **kwargs):
+    def recorded(logits, temperatures):
         t = temperatures if temperatures is not None else torch.zeros(logits.shape[0])
-        calls.append((bool((t == 0).any()), bool((t > 0).any()), top_ks is not None or top_ps is not None))
-        return forward(logits, temperatures, top_ks, top_ps, **kwargs)
+        calls.append((bool((t == 0).any()), bool((t > 0).any()), bool(filtered)))
+        return forward(logits, temperatures)
+
+    def recorded_filters(sampler, logits, temperatures, top_ks=None, top_ps=None, **kwargs):
+        filtered[:] = [1] if top_ks is not None or top_ps is not None else []
+        try:
+            return filters(sampler, logits, temperatures, top_ks, top_ps, **kwargs)
+        finally:
+            filtered.clear()
 
     llm.model_runner.sampler.forward = recorded
+    monkeypatch.setattr(sampling_inputs, "sample", recorded_filters)
     return calls
 
 
@@ -78,12 +89,12 @@ def record_sampler_calls(llm: LLM) -> list[tuple[bool, bool, bool]]:
 
 
 @pytest.mark.slow
-def test_per_request_temperature_top_k_top_p_in_mixed_batches(tiny_qwen3, next_logits):
+def test_per_request_temperature_top_k_top_p_in_mixed_batches(tiny_qwen3, next_logits, monkeypatch):
     sps, group_of = mixed_batch(GROUPS, block=512, mixed=768, max_tokens=2)  # ~580 draws per group
     # on CPU: there every step goes through Sampler.forward (a GPU engine samples unfiltered decode steps inside its
     # CUDA graph; the GPU kernels' law is test_sampler.py's)
     llm = LLM(tiny_qwen3, **ARGS, num_kvcache_blocks=256, seed=1, device="cpu")
-    calls = record_sampler_calls(llm)
+    calls = record_sampler_calls(llm, monkeypatch)
     outs = llm.generate([PROMPT] * len(sps), sps, use_tqdm=False)
     assert all(len(o.token_ids) == 2 for o in outs)
     assert any(not r.is_prefill for r in llm.step_log)  # the second tokens came from decode steps

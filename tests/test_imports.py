@@ -70,7 +70,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_import_reader_sees_what_a_module_imports():
     graph = {name: imports_of(name) for name in MODULES}
-    assert "minivllm.layers.torch_attention" in graph["minivllm.kernels.cpu.ops"]  # a module-level import
+    assert "minivllm.kernels.torch_attention" in graph["minivllm.kernels.cpu.ops"]  # a module-level import
     assert "minivllm.kernels.cpu.ops" in graph["minivllm.kernels.table"]  # one inside pick()
     assert "minivllm.engine.model_runner" in graph["minivllm.engine.tp_workers"]  # one inside worker_main()
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
@@ -142,6 +142,7 @@ CORE = ("minivllm.config", "minivllm.sampling_params", "minivllm.engine", "miniv
 CORE += ("minivllm.utils",)
 EXTRAS = ("minivllm.frontend", "minivllm.serve", "minivllm.kernels.cpu", "minivllm.kernels.triton")
 EXTRAS += ("minivllm.kernels.startup", "minivllm.kernels.attention_backends", "minivllm.kernels.flash_attention")
+EXTRAS += ("minivllm.kernels.attention_backend", "minivllm.kernels.torch_attention")
 
 
 def within(name: str, packages: tuple[str, ...]) -> bool:

@@ -1,16 +1,18 @@
-"""The sampler (minivllm/layers/sampler.py, notebook 09): the exponential race draws from the right
-distribution (chi-square against the exact probabilities and against torch.multinomial), temperature,
-greedy rows, per-row top-k / top-p, and input validation. Every statistical test also shows that a wrong
-sampler fails it, so the tests have power. Many draws are one batched call on a repeated logits row. The
-chi-square machinery is tests/helpers/stats.py (the engine-level tests use it too)."""
+"""The sampler (layers/sampler.py, the front end's filters in frontend/sampling_filters.py; notebook 09): the
+exponential race draws from the right distribution (chi-square against the exact probabilities and against
+torch.multinomial), temperature, greedy rows, per-row top-k / top-p, and input validation. Every statistical test
+also shows that a wrong sampler fails it, so the tests have power. Many draws are one batched call on a repeated
+logits row. The chi-square machinery is tests/helpers/stats.py (the engine-level tests use it too)."""
 
 import pytest
 import torch
 
 from helpers.stats import CHI2_999, chi2_gof, chi2_two_sample, fits, reference_probs
 from minivllm.frontend.sampling_checks import check_sampling_params
+from minivllm.frontend.sampling_filters import filter_top_k_top_p
+from minivllm.frontend.sampling_filters import sample as filtered_sample
 from minivllm.kernels import pick
-from minivllm.layers.sampler import Sampler, filter_top_k_top_p
+from minivllm.layers.sampler import Sampler
 from minivllm.sampling_params import SamplingParams
 
 N = 40_000  # draws per distribution: expected counts >= ~800 for the rarest token used below
@@ -30,7 +32,7 @@ def sample(
     temps = torch.full((n,), float(temperature))
     top_ks = torch.full((n,), top_k, dtype=torch.long) if top_k is not None else None
     top_ps = torch.full((n,), float(top_p)) if top_p is not None else None
-    return Sampler()(logits, temps, top_ks, top_ps)
+    return filtered_sample(Sampler(), logits, temps, top_ks, top_ps)
 
 
 # --- the exponential race ----------------------------------------------------------------------------
@@ -87,7 +89,7 @@ def test_temperature_zero_rows_are_argmax_in_a_mixed_batch():
     hot_differs = 0
     for filters in (None, (torch.tensor([0, 5] * 32), torch.tensor([1.0, 0.9] * 32))):
         for _ in range(20):
-            ids = Sampler()(logits, temps, *(filters or ()))
+            ids = filtered_sample(Sampler(), logits, temps, *(filters or ()))
             assert torch.equal(ids[0::2], greedy[0::2])  # T = 0: exactly argmax
             hot_differs += int((ids[1::2] != greedy[1::2]).sum())
     assert hot_differs > 0  # T = 1 rows really sample
@@ -134,7 +136,7 @@ def test_per_row_k_p_and_temperature_in_one_batch():
     temps = torch.tensor([t for t, _, _ in groups])[rows]
     top_ks = torch.tensor([k for _, k, _ in groups])[rows]
     top_ps = torch.tensor([p for _, _, p in groups])[rows]
-    ids = Sampler()(LOGITS.repeat(rows.numel(), 1), temps, top_ks, top_ps)
+    ids = filtered_sample(Sampler(), LOGITS.repeat(rows.numel(), 1), temps, top_ks, top_ps)
     for i, (t, k, p) in enumerate(groups):
         got = ids[rows == i]
         if t == 0:
@@ -153,7 +155,7 @@ def test_k_zero_and_p_one_mean_off():
     torch.manual_seed(1)
     plain = Sampler()(logits, temps)
     torch.manual_seed(1)
-    filtered = Sampler()(logits, temps, off_k, off_p)
+    filtered = filtered_sample(Sampler(), logits, temps, off_k, off_p)
     assert torch.equal(plain, filtered)  # same noise, same draws
     kept = filter_top_k_top_p(logits, torch.full((256,), 3), off_p).isfinite().sum(-1)
     assert (kept == 3).all()
@@ -165,15 +167,15 @@ def test_k_zero_and_p_one_mean_off():
 def test_sampler_rejects_bad_shapes():
     sampler = Sampler()
     with pytest.raises(ValueError, match=r"logits must be \(num_seqs, vocab\)"):
-        sampler(torch.randn(8), torch.ones(8))
+        filtered_sample(sampler, torch.randn(8), torch.ones(8))
     with pytest.raises(ValueError, match=r"logits must be \(num_seqs, vocab\)"):
-        sampler(torch.randn(2, 3, 8), torch.ones(2))
+        filtered_sample(sampler, torch.randn(2, 3, 8), torch.ones(2))
     with pytest.raises(ValueError, match=r"temperatures must have shape \(4,\)"):
-        sampler(torch.randn(4, 8), torch.ones(3))
+        filtered_sample(sampler, torch.randn(4, 8), torch.ones(3))
     with pytest.raises(ValueError, match=r"top_ks must have shape \(4,\)"):
-        sampler(torch.randn(4, 8), torch.ones(4), torch.zeros(5, dtype=torch.long), torch.ones(4))
+        filtered_sample(sampler, torch.randn(4, 8), torch.ones(4), torch.zeros(5, dtype=torch.long), torch.ones(4))
     with pytest.raises(ValueError, match=r"top_ps must have shape \(4,\)"):
-        sampler(torch.randn(4, 8), torch.ones(4), None, torch.ones(4, 1))
+        filtered_sample(sampler, torch.randn(4, 8), torch.ones(4), None, torch.ones(4, 1))
 
 
 @pytest.mark.parametrize(

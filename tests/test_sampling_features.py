@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from minivllm import LLM, SamplingParams
 from minivllm.engine.sequence import Sequence
 from minivllm.frontend.sampling_checks import check_sampling_params
-from minivllm.frontend.sampling_inputs import prepare_sampling
+from minivllm.frontend.sampling_inputs import needs_processing, prepare_sampling
 from minivllm.sampling_params import RequestOutputKind
 
 ARGS = dict(kvcache_block_size=16, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=256)
@@ -302,7 +302,7 @@ def test_vllm_defaults_and_normalisation():
     assert minus_one.top_k == 0
     g = SamplingParams(temperature=0, top_k=5, top_p=0.5)
     check_sampling_params(g)  # greedy: the filters are off
-    assert (g.top_k, g.top_p) == (0, 1.0) and not g.needs_processing
+    assert (g.top_k, g.top_p) == (0, 1.0) and not needs_processing(g)
     assert SamplingParams(max_tokens=None).max_tokens is None
 
 

@@ -20,6 +20,7 @@ from helpers.tiny_model import CHAT_TEMPLATE, make_tiny_checkpoint
 from minivllm import LLM, SamplingParams
 from minivllm.frontend.default_model import default_model_dir
 from minivllm.frontend.sampling_checks import check_sampling_params
+from minivllm.frontend.sampling_inputs import needs_processing
 from minivllm.frontend.structured_outputs.bitmask import GrammarMask, allowed_tokens, apply_grammar_mask, num_words
 from minivllm.frontend.structured_outputs.grammar import GrammarCompiler, choice_grammar
 from minivllm.frontend.structured_outputs.params import StructuredOutputsParams
@@ -99,8 +100,8 @@ def test_params_refuse(kw, match):
 
 def test_sampling_params_field():
     sp = SamplingParams(structured_outputs=S(choice=["a"]))
-    assert sp.needs_processing and not sp.needs_history  # the eager path; no penalties
-    assert not SamplingParams().needs_processing
+    assert needs_processing(sp) and not sp.needs_history  # the eager path; no penalties
+    assert not needs_processing(SamplingParams())
     with pytest.raises(ValueError, match="structured_outputs must be a StructuredOutputsParams"):
         check_sampling_params(SamplingParams(structured_outputs={"choice": ["a"]}))
 

@@ -1,55 +1,39 @@
-"""The engine (nano-vllm's llm_engine.py) and its step API, vLLM V1's engine core: `add_request(request_id,
-prompt_token_ids, params)`, `abort_request(ids)`, `finish_sequences(...)`, `step() -> list[EngineOutput]`,
-`has_unfinished_requests()`. It schedules and runs steps and emits token ids: each step, every sequence that
-got a token reports it (`EngineOutput`: new token ids, finish reason, raw logprob rows), no text. Its drivers,
-`LLM` (llm.py) and the serving engine core (serve/core.py), turn those into RequestOutputs through one output
-processor (frontend/output_processor.py). A request arrives tokenized and checked (frontend/processor.py); the
-sampling extras reach the engine through the one hook it is given (sampling_hook.py).
+"""The engine (nano-vllm's llm_engine.py), vLLM V1's engine core: it schedules and runs steps and emits token ids.
+Each `step()` returns an `EngineOutput` (request.py) for every sequence that got a token: new token ids, finish
+reason, raw logprob rows, no text. Its drivers, `LLM` (llm.py) and the serving engine core (serve/core.py), check
+requests before `add_request` and turn outputs into RequestOutputs in one output processor (frontend/); the
+sampling extras reach the engine through the one hook it is given (frontend/sampling_hook.py).
 
-One step ahead (the engine's speed on a GPU). `step()` schedules, prepares and launches step N+1 while step
-N still runs on the GPU, the sequences' newest tokens being PENDING placeholders on the host that the GPU
-feeds in from step N's output (step_inputs.py); only then does it read step N's tokens back and turn them
-into outputs. The host work of a step hides behind the GPU work of the previous one. The launch waits for
-the step in flight instead when the next step needs its tokens on the host:
-- with tensor parallelism: the workers receive each step's token ids from rank 0;
-- when a request in flight has penalties, bad words or a grammar: they read every previous token of the
-  request, so its newest one must be known (sampling_inputs.py, structured_outputs/). Only such batches lose
-  the overlap.
-
-Aborting frees a request's blocks at once (scheduler.py: `finish`), also while a step that computes it is
-in flight: that step's token for it is discarded when it arrives. So does `finish_sequences`, with which the
-front end ends a sequence whose text reached a stop string.
-
-A request fails alone: one with a grammar waits out of the scheduler while a thread compiles it (the other steps
-go on); a step that fails to launch is launched without the requests whose own inputs fail (each ends with
-finish_reason "error", the message in stop_reason). Only an error no request alone causes stops the engine."""
+One step ahead (the engine's speed on a GPU). `step()` schedules, prepares and launches step N+1 while step N still
+runs on the GPU, the sequences' newest tokens being PENDING placeholders on the host that the GPU feeds in from step
+N's output (step_inputs.py); only then does it read step N's tokens back and turn them into outputs. The host work
+of a step hides behind the GPU work of the previous one. The launch waits for the step in flight instead when the
+next step needs its tokens on the host: with tensor parallelism (the workers receive each step's token ids from
+rank 0), and when a request in flight has penalties, bad words or a grammar (they read every previous token of the
+request). Aborts, stop strings and requests that fail alone: request.py."""
 
 import atexit
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import replace
 
 from minivllm.checkpoint import eos_token_ids, load_tokenizer
 from minivllm.config import Config
+from minivllm.engine import request as per_request  # requests that fail alone, prompt logprobs
 from minivllm.engine.model_runner import ModelRunner
-from minivllm.engine.request import EngineOutput, EngineRequest
-from minivllm.engine.sampling_hook import SamplingHook
+from minivllm.engine.request import EngineOutput, EngineRequest, Launched, StepRecord
 from minivllm.engine.scheduler import Scheduler
-from minivllm.engine.sequence import Sequence
-from minivllm.engine.step_handle import Launched, StepRecord
 from minivllm.engine.tp_workers import Workers
 from minivllm.sampling_params import SamplingParams
 from minivllm.utils.dist import free_port
 
 
 class LLMEngine:
-    def __init__(self, model: str, sampling_hook: Callable[..., SamplingHook] | None = None, **kwargs) -> None:
+    def __init__(self, model: str, sampling_hook: Callable | None = None, **kwargs) -> None:
         """An engine on `model` (engine arguments in kwargs). `sampling_hook(tokenizer=, vocab_size=, eos=)` makes
-        the hook of the sampling extras (frontend/sampling_extras.py); without one the engine samples by
+        the hook of the sampling extras (its calls: frontend/sampling_hook.py); without one the engine samples by
         temperature only."""
-        config = Config.from_engine_args(model, **kwargs)
-        self.config = config
+        self.config = config = Config(model, **kwargs)
         port = free_port()
         self.workers = Workers(config, port) if config.tensor_parallel_size > 1 else None
         try:
@@ -63,7 +47,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.eos)
         self.vocab_size = config.hf_config.vocab_size
         make_hook, kw = sampling_hook, dict(tokenizer=self.tokenizer, vocab_size=self.vocab_size, eos=self.eos)
-        self.sampling_hook: SamplingHook | None = make_hook(**kw) if make_hook is not None else None
+        self.sampling_hook = make_hook(**kw) if make_hook is not None else None
         self.requests: dict[str, EngineRequest] = {}  # unfinished, by id
         self.in_flight: Launched | None = None
         self.failed: list[EngineOutput] = []  # outputs of requests that failed alone, for the next step() to return
@@ -93,14 +77,13 @@ class LLMEngine:
         leaves nothing behind."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        if params.max_tokens is None:
-            params = replace(params, max_tokens=self.config.max_model_len - len(prompt_token_ids))
-        request = self.requests[request_id] = EngineRequest.make(request_id, prompt_token_ids, params)
+        request = EngineRequest.make(request_id, prompt_token_ids, params, self.config.max_model_len)
+        self.requests[request_id] = request
         # sampling hook: a request with a grammar waits out of the scheduler while a thread compiles it
         if self.sampling_hook is None or not self.sampling_hook.add_request(request_id, request.seqs):
-            self._schedule(request)
+            self.schedule(request)
 
-    def _schedule(self, request: EngineRequest) -> None:
+    def schedule(self, request: EngineRequest) -> None:
         """Hand a request's sequences to the scheduler (those that must wait for the first one's prompt wait)."""
         share = self.config.enable_prefix_caching and request.num_prompt_tokens > self.config.kvcache_block_size
         for seq in request.start(share_prompt=share):
@@ -110,26 +93,15 @@ class LLMEngine:
         """Abort requests (unknown or finished ids are ignored): their sequences leave the batch and their
         blocks are freed now, wherever they are (waiting, running, or in the step in flight). Returns an
         "abort" output for each sequence it ended."""
-        outputs = []
-        for rid in [request_id] if isinstance(request_id, str) else list(request_id):
-            request = self.requests.pop(rid, None)
-            for seq in request.seqs if request is not None else []:
-                if not seq.is_finished:
-                    self.scheduler.finish(seq, "abort")
-                    outputs.append(EngineOutput(rid, seq.index, [], "abort"))
-        return outputs
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        ended = [self.requests.pop(rid) for rid in ids if rid in self.requests]
+        return [out for request in ended for out in request.end(self.scheduler, "abort")]
 
     def finish_sequences(self, targets: list[tuple[str, int]]) -> None:
         """End sequences (request id, index) that the front end saw reach a stop string; their blocks are freed
         now, a token in flight for them is discarded. A request whose sequences have all ended leaves."""
         for rid, index in targets:
-            request = self.requests.get(rid)
-            if request is None:
-                continue
-            seq = request.seqs[index]
-            if not seq.is_finished:
-                self.scheduler.finish(seq, "stop")
-            if all(s.is_finished for s in request.seqs):
+            if rid in self.requests and self.requests[rid].stop(index, self.scheduler):
                 del self.requests[rid]
 
     def has_unfinished_requests(self) -> bool:
@@ -152,12 +124,8 @@ class LLMEngine:
         """Launch the next step, then read back the one in flight (the module docstring says why in this
         order). Returns what each sequence got in the step read back."""
         hook = self.sampling_hook
-        idle = self.in_flight is None and self.scheduler.is_finished()  # only grammars compiling: wait a little
-        for rid, error in hook.ready(wait=0.05 if idle else 0.0) if hook is not None else []:  # sampling hook
-            if rid in self.requests:  # (not aborted meanwhile)
-                self._fail(rid, f"its grammar failed to compile: {error}") if error else self._schedule(
-                    self.requests[rid]
-                )
+        if hook is not None:  # sampling hook: requests whose grammar compiled join, those it failed to end
+            per_request.admit_compiled(self)
         outputs, progressed = [], False
         if self.in_flight is not None and (not self.overlap or self.in_flight.needs_history):
             in_flight, self.in_flight = self.in_flight, None  # the next launch needs its tokens
@@ -168,8 +136,7 @@ class LLMEngine:
             progressed = True
         self.in_flight = launched
         failed, self.failed = self.failed, []
-        waiting = hook is not None and hook.num_waiting
-        if launched is None and self.requests and not (progressed or failed or waiting):
+        if launched is None and self.requests and not (progressed or failed or (hook and hook.num_waiting)):
             raise RuntimeError("scheduler produced an empty step while requests are pending")
         return outputs + failed
 
@@ -180,51 +147,21 @@ class LLMEngine:
         if not seqs:
             return None
         is_prefill = any(s.num_scheduled_tokens != 1 or s.num_computed_tokens != s.num_tokens - 1 for s in seqs)
-        record = StepRecord(is_prefill, len(seqs), sum(s.num_scheduled_tokens for s in seqs), 0.0, 0.0, 0.0)
         t1 = time.perf_counter()
-        try:
-            handle = self.model_runner.launch(seqs, is_prefill, self.sampling_hook)
-        except Exception as e:
-            seqs = self._without_culprits(seqs, is_prefill, e)  # re-raises when no request alone is at fault
-            if not seqs:
-                return None
-            handle = self.model_runner.launch(seqs, is_prefill, self.sampling_hook)
+        seqs, handle = per_request.launch_alone_at_fault(
+            self, seqs, is_prefill
+        )  # without requests whose own inputs fail
+        if not seqs:
+            return None
         sampled = self.scheduler.on_launch(seqs)
-        record.schedule, record.run = t1 - t0, time.perf_counter() - t1
-        needs_history = any(s.sampling_params.needs_history or s.sampling_params.structured_outputs for s in seqs)
-        return Launched(seqs, sampled, handle, record, needs_history)
-
-    def _without_culprits(self, seqs: list[Sequence], is_prefill: bool, error: Exception) -> list[Sequence]:
-        """A step failed to launch: fail the requests whose own inputs fail, return the sequences left (or re-raise)."""
-        r, hook = self.model_runner, self.sampling_hook  # sampling hook: each request's step prepared alone
-        prepare = r.prepare_prefill if is_prefill else r.prepare_decode
-        culprits = hook.failing_requests(seqs, prepare, r.buffers, r.device) if hook is not None else {}
-        if not culprits or self.workers is not None:  # (TP workers may have started the step: none can be left out)
-            raise error
-        for rid, e in culprits.items():
-            self._fail(rid, f"preparing its step failed: {type(e).__name__}: {e}")
-        return [s for s in seqs if not s.is_finished]
-
-    def _fail(self, request_id: str, message: str) -> None:
-        """End a request on its own error: sequences finish with "error" (the message their stop_reason), blocks
-        freed, their outputs in the next step()'s."""
-        request = self.requests.pop(request_id)
-        for seq in request.seqs:
-            if not seq.is_finished:
-                self.scheduler.finish(seq, "error")
-                self.failed.append(EngineOutput(request_id, seq.index, [], "error", message))
-        request.deferred = []
+        return Launched(seqs, sampled, handle, StepRecord.of(seqs, is_prefill, t0, t1))
 
     def _finish(self, launched: Launched) -> list[EngineOutput]:
         """Wait for a launched step's tokens, account them (scheduler.postprocess's two halves), and report
         what each sequence got."""
         t = time.perf_counter()  # postprocess includes the wait for the GPU (StepRecord: where the wall time went)
         tokens, logprobs = launched.handle.result()
-        if launched.handle.prompt_logprobs is not None:  # sampling hook: prompt logprobs, a chunk at a time
-            for row, first, entries in self.sampling_hook.prompt_logprobs_rows(*launched.handle.prompt_logprobs):
-                seq = launched.seqs[row]
-                if not seq.is_finished:
-                    self.requests[seq.request_id].add_prompt_rows(first, entries)
+        per_request.add_prompt_logprobs(self, launched)  # sampling hook: prompt logprobs, a chunk at a time
         live = [(seq, pos) for seq, pos in launched.sampled if not seq.is_finished]  # an aborted one's is dropped
         self.scheduler.on_result(launched.seqs, launched.sampled, tokens)
         if self.sampling_hook is not None:  # sampling hook: grammars take the tokens (one may end its sequence)
@@ -235,12 +172,7 @@ class LLMEngine:
             request = self.requests[seq.request_id]
             for other in reversed(request.release(seq, pos)):  # they arrived with it: the front of the queue
                 self.scheduler.add(other, front=True)
-            out = EngineOutput(seq.request_id, seq.index, [seq.token_ids[pos]], seq.finish_reason, seq.stop_reason)
-            if seq.sampling_params.logprobs is not None:
-                out.new_logprobs = [logprobs[row_of[id(seq)]]]
-            if request.prompt_rows is not None and not request.prompt_rows_sent and seq.index == 0:
-                out.prompt_logprobs, request.prompt_rows_sent = request.prompt_rows, True
-            outputs.append(out)
+            outputs.append(request.output(seq, pos, logprobs, row_of[id(seq)]))
         for rid in {out.request_id for out in outputs if out.finish_reason is not None}:
             if all(s.is_finished for s in self.requests[rid].seqs):
                 del self.requests[rid]

@@ -14,9 +14,8 @@ from minivllm.config import Config
 from minivllm.engine import cuda_graphs, step_inputs
 from minivllm.engine.cuda_graphs import DecodeGraphs
 from minivllm.engine.kv_cache import GpuMemory, allocate_zeroed, kv_block_bytes, kv_cache_shape, num_kvcache_blocks
-from minivllm.engine.sampling_hook import SamplingHook
+from minivllm.engine.request import StepHandle
 from minivllm.engine.sequence import Sequence
-from minivllm.engine.step_handle import StepHandle
 from minivllm.engine.step_inputs import DecodeLayout, InputBuffers, StepInput
 from minivllm.layers.attention import Attention
 from minivllm.layers.sampler import Sampler
@@ -147,9 +146,9 @@ class ModelRunner:
             return None
         return self.buffers.upload_floats(temperatures, None)[0]
 
-    def launch(self, seqs: list[Sequence], is_prefill: bool, hook: SamplingHook | None = None) -> StepHandle:
+    def launch(self, seqs: list[Sequence], is_prefill: bool, hook=None) -> StepHandle:
         """Rank 0: launch one step on every rank without waiting (the host goes on to schedule the next step while
-        the GPU runs this one); `hook`: the engine's sampling extras (sampling_hook.py)."""
+        the GPU runs this one); `hook`: the engine's sampling extras (frontend/sampling_hook.py)."""
         inputs = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
         assert inputs.src is None or self.workers is None, "TP workers cannot see rank 0's sampled tokens"
         for i, seq in enumerate(seqs):

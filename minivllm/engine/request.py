@@ -1,12 +1,20 @@
-"""What enters and leaves the engine per request (vLLM V1's EngineCoreRequest / EngineCoreOutput): a request's
-`n` sequences as the engine keeps them, and what one sequence got in one step: token ids, never text (the
-front end's output processor detokenises: frontend/output_processor.py).
+"""What enters and leaves the engine (llm_engine.py), per request and per step (vLLM V1's EngineCoreRequest /
+EngineCoreOutput): a request's `n` sequences as the engine keeps them, what one sequence got in one step (token ids,
+never text: the front end's output processor detokenises, frontend/output_processor.py), and a launched step
+(model_runner.py's `launch`) whose sampled tokens are on their way back to the host.
 
 With prefix caching, sequences 1..n-1 of a request whose prompt fills a block wait until sequence 0 has computed
 the prompt (its first token arrived): they then find its blocks in the prefix cache, so the prompt is computed
-once."""
+once. A request ends alone (`end`): aborted, or failed on its own error (a grammar that does not compile, step
+inputs that fail to build: finish_reason "error", the message in stop_reason), its sequences finish with that
+reason, their blocks freed at once, also while a step that computes it is in flight (that step's token for it is
+discarded when it arrives). So does a sequence whose text reached a stop string (`stop`). Only an error no
+request alone causes stops the engine."""
 
+import time
 from dataclasses import dataclass, field, replace
+
+import torch
 
 from minivllm.engine.sequence import Sequence
 from minivllm.sampling_params import SamplingParams
@@ -35,8 +43,11 @@ class EngineRequest:
     prompt_rows_sent: bool = False
 
     @classmethod
-    def make(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> "EngineRequest":
-        """The request's n sequences, child i drawing from seed + i (as vLLM)."""
+    def make(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams, max_model_len: int):
+        """The request's n sequences, child i drawing from seed + i (as vLLM); max_tokens None: up to the model's
+        length."""
+        if params.max_tokens is None:
+            params = replace(params, max_tokens=max_model_len - len(prompt_token_ids))
         seqs = []
         for i in range(params.n):
             child = replace(params, n=1, seed=params.seed + i) if params.n > 1 and params.seed is not None else params
@@ -63,6 +74,34 @@ class EngineRequest:
         if self.prompt_rows is not None and first <= len(self.prompt_rows) + 1:
             self.prompt_rows += rows[len(self.prompt_rows) + 1 - first :]
 
+    def output(self, seq: Sequence, pos: int, logprobs: dict[int, tuple], row: int) -> EngineOutput:
+        """What `seq` got in a step: its token at `pos` and its finish, its logprob row (batch `row` of `logprobs`)
+        when asked; the prompt's logprob rows once, on sequence 0."""
+        out = EngineOutput(seq.request_id, seq.index, [seq.token_ids[pos]], seq.finish_reason, seq.stop_reason)
+        if seq.sampling_params.logprobs is not None:
+            out.new_logprobs = [logprobs[row]]
+        if self.prompt_rows is not None and not self.prompt_rows_sent and seq.index == 0:
+            out.prompt_logprobs, self.prompt_rows_sent = self.prompt_rows, True
+        return out
+
+    def end(self, scheduler, reason: str, message: str | None = None) -> list[EngineOutput]:
+        """End the request's unfinished sequences with `reason` ("abort", "error": `message` their stop_reason);
+        the scheduler frees their blocks now, a token in flight for them is discarded. One output per sequence."""
+        outputs = []
+        for seq in self.seqs:
+            if not seq.is_finished:
+                scheduler.finish(seq, reason)
+                outputs.append(EngineOutput(seq.request_id, seq.index, [], reason, message))
+        self.deferred = []
+        return outputs
+
+    def stop(self, index: int, scheduler) -> bool:
+        """End sequence `index`, whose text reached a stop string (its blocks freed now, a token in flight for it
+        discarded); True when all the request's sequences have ended."""
+        if not self.seqs[index].is_finished:
+            scheduler.finish(self.seqs[index], "stop")
+        return all(s.is_finished for s in self.seqs)
+
     def release(self, seq: Sequence, pos: int) -> list[Sequence]:
         """The sequences to schedule now that `seq`'s token at `pos` arrived: the deferred ones once sequence 0
         has computed the prompt (its blocks are in the prefix cache)."""
@@ -70,3 +109,113 @@ class EngineRequest:
             return []
         released, self.deferred = self.deferred, []
         return released
+
+
+# --- requests that fail alone (the engine's step and launch call these) ---
+
+
+def fail(engine, request_id: str, message: str) -> None:
+    """End a request on its own error: its outputs come in the engine's next step()'s, the message their
+    stop_reason."""
+    engine.failed += engine.requests.pop(request_id).end(engine.scheduler, "error", message)
+
+
+def admit_compiled(engine) -> None:
+    """Schedule the requests whose grammar compiled while they waited out of the scheduler (sampling hook: a
+    thread compiles it, the other requests' steps go on), and fail those whose grammar did not compile."""
+    idle = engine.in_flight is None and engine.scheduler.is_finished()  # only grammars compiling: wait a little
+    for rid, error in engine.sampling_hook.ready(wait=0.05 if idle else 0.0):
+        if rid in engine.requests:  # (not aborted meanwhile)
+            if error:
+                fail(engine, rid, f"its grammar failed to compile: {error}")
+            else:
+                engine.schedule(engine.requests[rid])
+
+
+def launch_alone_at_fault(engine, seqs: list[Sequence], is_prefill: bool) -> tuple[list[Sequence], "StepHandle"]:
+    """Launch a step (model_runner.py: `launch`). When that fails, fail the requests whose own inputs fail (the
+    sampling hook prepares each request's step alone) and launch the sequences left (none: no handle); re-raise
+    when no request alone is at fault."""
+    r, hook = engine.model_runner, engine.sampling_hook
+    try:
+        return seqs, r.launch(seqs, is_prefill, hook)
+    except Exception:
+        prepare = r.prepare_prefill if is_prefill else r.prepare_decode
+        culprits = hook.failing_requests(seqs, prepare, r.buffers, r.device) if hook is not None else {}
+        if not culprits or engine.workers is not None:  # (TP workers may have started the step: none left out)
+            raise
+        for rid, e in culprits.items():
+            fail(engine, rid, f"preparing its step failed: {type(e).__name__}: {e}")
+    seqs = [s for s in seqs if not s.is_finished]
+    return seqs, r.launch(seqs, is_prefill, hook) if seqs else None
+
+
+def add_prompt_logprobs(engine, launched: "Launched") -> None:
+    """A prefill step's prompt log-probabilities (sampling hook), a chunk at a time, to their requests."""
+    if launched.handle.prompt_logprobs is None:  # no row asked
+        return
+    for row, first, entries in engine.sampling_hook.prompt_logprobs_rows(*launched.handle.prompt_logprobs):
+        seq = launched.seqs[row]
+        if not seq.is_finished:
+            engine.requests[seq.request_id].add_prompt_rows(first, entries)
+
+
+# --- a launched step ---
+
+
+class StepHandle:
+    """A launched step: `result()` waits for its sampled tokens (one per sequence) and returns them, with the
+    log-probabilities of the rows that asked for them ({row: (top ids, top logprobs, logprob, rank)})."""
+
+    def __init__(self, tokens: torch.Tensor, host: torch.Tensor | None, logprobs=None):
+        # `tokens` may be a view of `last_sampled`, which the next step overwrites: take the values now
+        self.n = tokens.shape[0]
+        self.tokens, self.host, self.event = tokens if host is not None else tokens.clone(), host, None
+        self.logprobs = logprobs  # the sampling hook's LogprobsTensors (frontend/logprobs.py), or None
+        self.prompt_logprobs = None  # (plan, scored) of the rows that asked, from the sampling hook
+        if host is not None:  # GPU: copy back without waiting (ordered before the next step's writes)
+            host[: self.n].copy_(tokens, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+
+    def result(self) -> tuple[list[int], dict[int, tuple]]:
+        if self.event is None:
+            tokens = self.tokens.tolist()
+        else:
+            self.event.synchronize()
+            tokens = self.host[: self.n].tolist()
+        return tokens, self.logprobs.tolists() if self.logprobs is not None else {}
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """Where one step's wall time went (host seconds; `run` includes the GPU work, which it waits for): the engine's
+    `step_log`, which `LLM.generate`'s progress bar and the benchmarks read."""
+
+    is_prefill: bool
+    num_seqs: int
+    num_tokens: int
+    schedule: float
+    run: float
+    postprocess: float
+
+    @classmethod
+    def of(cls, seqs: list[Sequence], is_prefill: bool, t0: float, t1: float) -> "StepRecord":
+        """A step scheduled from t0, launched from t1 until now (perf_counter seconds); postprocess comes later."""
+        num_tokens = sum(s.num_scheduled_tokens for s in seqs)
+        return cls(is_prefill, len(seqs), num_tokens, t1 - t0, time.perf_counter() - t1, 0.0)
+
+
+@dataclass(slots=True)
+class Launched:
+    """A step launched on the device whose tokens have not been read back yet."""
+
+    seqs: list[Sequence]
+    sampled: list[tuple[Sequence, int]]  # (sequence, position of its PENDING token)
+    handle: StepHandle
+    record: StepRecord
+
+    @property
+    def needs_history(self) -> bool:
+        """A request in it has penalties, bad words or a grammar: finish it before the next launch."""
+        return any(s.sampling_params.needs_history or s.sampling_params.structured_outputs for s in self.seqs)

@@ -18,7 +18,21 @@ import traceback
 import torch.multiprocessing as mp
 
 from minivllm.config import Config
-from minivllm.utils.process_name import TP_WORKER, set_process_name
+
+# the names `ps` and `top` show for the engine's processes (vLLM names its engine core the same way), which are
+# otherwise all "python3"; benchmarks/bench_serve.py reads them to tell the engine's CPU time from the API server's
+CORE = "minivllm-core"  # the engine core process (serve/core.py)
+TP_WORKER = "minivllm-tp"  # + the rank: a tensor-parallel worker (below)
+TOKENIZER = "minivllm-tok"  # a tokenizer pool worker of the API server (serve/tokenizer_pool.py)
+
+
+def set_process_name(name: str) -> None:
+    """Linux: the process's name in /proc (at most 15 characters); elsewhere nothing."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(name[:15])
+    except OSError:
+        pass
 
 
 class WorkerError(RuntimeError):

@@ -1,4 +1,4 @@
-"""The engine's sampling hook (minivllm/engine/sampling_hook.py), implemented: everything a request may ask of
+"""The engine's sampling hook (sampling_hook.py: its calls), implemented: everything a request may ask of
 the sampler beyond nano-vllm's temperature, gathered behind the one object the engine is given. Each concern
 keeps its own module: the step's tensors and the draw (sampling_inputs.py, with penalties.py,
 logits_processors.py, logprobs.py), prompt log-probabilities (prompt_logprobs.py) and grammars

@@ -2,7 +2,15 @@
 (as step_inputs.py does for the model's inputs). Only what some row of the batch uses is built: the common
 batch (temperature only) is one upload of temperatures, which the decode graph's sampler reads in place;
 penalties, min_tokens, seeds, filters and logprobs add their tensors only when a row asks for them, and
-then the step samples outside the graph (`SamplingInputs.plain` is False)."""
+then the step samples outside the graph (`SamplingInputs.plain` is False).
+
+The pipeline a request's SamplingParams drive, in order (`sample_tokens` below): log-probabilities
+of the raw logits (`logprobs`), `min_tokens` (EOS and `stop_token_ids` masked until reached), the penalties
+(`repetition_penalty` over prompt + output tokens, `frequency_penalty` / `presence_penalty` over output
+tokens), then temperature, `min_p`, `top_k`, `top_p`, and the draw (`seed`: the request's own random stream).
+On the host: `stop` strings on the detokenised text, `max_tokens`, `ignore_eos`. Before the penalties,
+`allowed_token_ids`, `bad_words` and `logit_bias` (frontend/logits_processors.py). `structured_outputs` masks the
+logits before all of these, logprobs included as in vLLM (structured_outputs/)."""
 
 from dataclasses import dataclass, field
 
@@ -13,8 +21,24 @@ from minivllm.engine.step_inputs import InputBuffers
 from minivllm.frontend.logits_processors import LogitsEdits, apply_logits_edits, bad_word_bans
 from minivllm.frontend.logprobs import LogprobsTensors, add_sampled, raw_logprobs
 from minivllm.frontend.penalties import apply_penalties, ban_tokens, token_counts
+from minivllm.frontend.sampling_filters import sample
 from minivllm.frontend.structured_outputs.bitmask import GrammarMask, apply_grammar_mask, grammar_mask
 from minivllm.layers.sampler import Sampler
+from minivllm.sampling_params import SamplingParams
+
+
+def needs_processing(sp: SamplingParams) -> bool:
+    """Anything beyond temperature: the row is sampled outside the decode graph, by the sampling hook."""
+    return (
+        sp.top_k > 0
+        or sp.top_p < 1
+        or sp.min_p > 0
+        or sp.needs_history
+        or (sp.seed is not None and sp.temperature > 0)
+        or sp.logprobs is not None
+        or bool(sp.logit_bias or sp.allowed_token_ids)
+        or sp.structured_outputs is not None  # the grammar's mask, on the eager path
+    )
 
 
 @dataclass(slots=True)
@@ -78,7 +102,7 @@ def prepare_sampling(
     extra = [  # rows that need more than temperature (min_tokens only until reached)
         i
         for i, (s, sp) in enumerate(zip(seqs, sps))
-        if sp.needs_processing or (sp.min_tokens and sp.min_tokens > s.num_completion_tokens)
+        if needs_processing(sp) or (sp.min_tokens and sp.min_tokens > s.num_completion_tokens)
     ]
     if not extra:  # temperatures only: the core samples these rows (model_runner.py: prepare_sample)
         return None
@@ -213,7 +237,7 @@ def sample_tokens(
             logits[p.rows] = apply_penalties(
                 logits[p.rows], p.output_counts, p.prompt_mask, p.presence, p.frequency, p.repetition
             )
-    tokens = sampler(logits, s.temperatures, s.top_ks, s.top_ps, min_ps=s.min_ps, generators=s.generators)
+    tokens = sample(sampler, logits, s.temperatures, s.top_ks, s.top_ps, min_ps=s.min_ps, generators=s.generators)
     if logprobs is not None:
         add_sampled(logprobs, raw, tokens)
     return tokens, logprobs

@@ -2,14 +2,14 @@
 
 - "flash_attn": the flash-attn package (FA2), nano-vllm's two calls (kernels/flash_attention.py);
 - "fa4": FlashAttention-4 (`flash_attn.cute`), on SM90 and later (kernels/flash_attention.py);
-- "torch": plain torch over the same paged cache, on any device, CPU users and CI (layers/attention_backend.py,
-  layers/torch_attention.py).
+- "torch": plain torch over the same paged cache, on any device, CPU users and CI (kernels/attention_backend.py,
+  kernels/torch_attention.py).
 An engine asks `select(device, dtype, Config.attention_backend)` once: a name forces that backend, None picks the
 fastest available. The runner builds that backend's object and the model gives it to each Attention layer at
 construction, so two engines in one process can use different backends.
 
 A backend object has the three calls the layer makes (`prefill`, `prefill_paged`, `decode`) and the metadata they
-read, made once per step (layers/attention_backend.py). Decode with the flash backends runs our Triton kernel
+read, made once per step (kernels/attention_backend.py). Decode with the flash backends runs our Triton kernel
 instead of theirs (kernels/triton/paged_decode.py: GQA-grouped, split-KV for small batches) unless the
 `decode_kernel` kernel option asks for the backend's own; on CPU the C++ one when built: the engine's kernel table
 holds it and the runner passes it as `decode`."""
@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import torch
 
+from minivllm.kernels.attention_backend import AttentionBackend, TorchBackend
 from minivllm.kernels.flash_attention import FA4_MIN_SEQLEN_Q, FA4Backend, FlashAttnBackend, _fa2, _fa4, fa4_cache_env
-from minivllm.layers.attention_backend import AttentionBackend, TorchBackend
 
 BACKENDS = ("flash_attn", "fa4", "torch")
 __all__ = ["BACKENDS", "FA4_MIN_SEQLEN_Q", "TorchBackend", "available", "create", "fa4_cache_env", "select"]

@@ -8,8 +8,8 @@ from functools import lru_cache
 
 import torch
 
+from minivllm.kernels.attention_backend import AttentionBackend
 from minivllm.kernels.cache import cache_root
-from minivllm.layers.attention_backend import AttentionBackend
 
 # FlashAttention-4 compiles a separate kernel when every sequence's queries fit in one tile of rows (up to 256
 # on any GPU it supports, GQA heads packed in): its `max_seqlen_q` is an upper bound used for the grid, so

@@ -10,6 +10,8 @@ from functools import partial
 
 import torch
 
+from minivllm.kernels.attention_backend import AttentionBackend, TorchBackend
+
 DECODE_KERNELS = ("triton", "flash")
 ATTENTION_COMPILE = ("auto", "process", "thread", "off")
 
@@ -77,6 +79,12 @@ class Ops:
 
 
 TORCH = Ops()  # the torch definitions everywhere: what a layer built alone runs
+
+
+def torch_backend() -> AttentionBackend:
+    """The plain-torch attention backend over the paged cache (kernels/attention_backend.py): what an Attention
+    layer built alone gets."""
+    return TorchBackend()
 
 
 @functools.cache

@@ -5,15 +5,14 @@ query per sequence). Notebook 08 builds it; notebook 07 the online softmax the k
 The layer owns the cache write on both of its paths: `forward(q, k, v)` stores k/v itself (nano-vllm's
 path), and `forward_fused(qkv, ...)` runs the fused prologue kernel (QK-norm, RoPE and the store in one
 launch, GPU), so the model never touches the cache or the step context. The store and the prologue are the
-engine's kernels (minivllm/kernels), the attention calls its backend's (layers/attention_backend.py), both given
-at construction."""
+engine's kernels (minivllm/kernels); the attention is one call to the backend object the layer was given at
+construction (kernels/attention_backend.py: which of the three paths a step takes, and their kernels)."""
 
 import torch
 from torch import nn
 
-from minivllm.kernels.table import TORCH, Ops
-from minivllm.layers.attention_backend import AttentionBackend, TorchBackend
-from minivllm.utils.context import Context, get_context
+from minivllm.kernels.table import TORCH, AttentionBackend, Ops, torch_backend
+from minivllm.utils.context import get_context
 
 
 def store_kvcache_torch(
@@ -47,7 +46,7 @@ class Attention(nn.Module):
         self.scale = scale
         self.num_kv_heads = num_kv_heads
         self.k_cache = self.v_cache = torch.tensor([])  # (num_blocks, block_size, kv_heads, head_dim), the runner's
-        self.backend = backend or TorchBackend()  # the engine's (one object shared by its layers)
+        self.backend = backend or torch_backend()  # the engine's (one object shared by its layers)
         self.store = ops.store_kvcache or store_kvcache_torch
         self.prologue = ops.attention_prologue  # QK-norm, RoPE and the store in one kernel, or None (GPU)
 
@@ -56,7 +55,7 @@ class Attention(nn.Module):
         context = get_context()
         if self.k_cache.numel() and self.v_cache.numel():
             self.store(k, v, self.k_cache, self.v_cache, context.slot_mapping)
-        return self.attend(q, k, v, context)
+        return self.backend.attend(q, k, v, self.k_cache, self.v_cache, context, self.scale)  # (N, H, D)
 
     def forward_fused(
         self,
@@ -83,40 +82,4 @@ class Attention(nn.Module):
             v_cache=self.v_cache,
             slot_mapping=context.slot_mapping,
         )
-        return self.attend(q, k, v, context)
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: Context) -> torch.Tensor:
-        """Attention for this step, the new K/V already in the cache."""
-        backend = self.backend
-        if context.is_prefill:
-            if context.block_tables is not None:  # keys come from the cache: q is shorter than k
-                return self.attend_paged(q, context)
-            return backend.prefill(q, k, v, context.cu_seqlens_q, context.max_seqlen_q, self.scale)
-        tables = backend.tables(context)
-        return backend.decode(q, self.k_cache, self.v_cache, context.context_lens, tables, self.scale)
-
-    def attend_paged(self, q: torch.Tensor, context: Context) -> torch.Tensor:
-        """A prefill over the cache -> (N, H, D). Its first `num_decode_rows` rows (sequences that decode while
-        others prefill: one query each) run the decode kernel, the rest the prefill kernel."""
-        backend, d = self.backend, context.num_decode_rows
-        if d:
-            tables = backend.tables(context)
-            decoded = backend.decode(
-                q[:d], self.k_cache, self.v_cache, context.context_lens[:d], tables[:d], self.scale
-            )
-            if d == q.shape[0]:  # every row has one query
-                return decoded
-        rows = backend.prefill_rows(context)
-        out = backend.prefill_paged(
-            q[d:],
-            self.k_cache,
-            self.v_cache,
-            cu_seqlens_q=rows.cu_seqlens_q,
-            cu_seqlens_k=rows.cu_seqlens_k,
-            max_seqlen_q=context.max_seqlen_q,  # the step's longest: a bound for any of its rows
-            max_seqlen_k=context.max_seqlen_k,
-            context_lens=rows.context_lens,
-            block_tables=rows.block_tables,
-            scale=self.scale,
-        )
-        return torch.cat([decoded, out]) if d else out  # (d + rest, H, D)
+        return self.backend.attend(q, k, v, self.k_cache, self.v_cache, context, self.scale)  # (N, H, D)

@@ -7,10 +7,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from minivllm.kernels.table import TORCH, Ops
+from minivllm.kernels.table import TORCH, AttentionBackend, Ops
 from minivllm.layers.activation import SiluAndMul
 from minivllm.layers.attention import Attention
-from minivllm.layers.attention_backend import AttentionBackend
 from minivllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minivllm.layers.layernorm import RMSNorm
 from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear

@@ -193,7 +193,7 @@ class AsyncLLM:
             target = self.streams.get(output.request_id)
             if target is None:
                 continue
-            failed = [c.stop_reason for c in output.outputs if c.finish_reason == "error"]  # (llm_engine.py: _fail)
+            failed = [c.stop_reason for c in output.outputs if c.finish_reason == "error"]  # (engine/request.py: fail)
             by_loop.setdefault(target[0], []).append((target[1], RequestFailedError(failed[0]) if failed else output))
             if output.finished:
                 del self.streams[output.request_id]

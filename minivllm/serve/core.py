@@ -23,9 +23,10 @@ import zmq
 
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.request import EngineOutput
+from minivllm.engine.tp_workers import CORE, set_process_name
+from minivllm.frontend.engine_args import config_args
 from minivllm.frontend.sampling_extras import SamplingExtras
 from minivllm.serve import messages as m
-from minivllm.utils.process_name import CORE, set_process_name
 
 POLL_MS = 200  # idle: how often to look whether the API server is still there
 
@@ -78,7 +79,7 @@ def run_engine_core(model: str, engine_args: dict, input_address: str, output_ad
     out.connect(output_address)
     enc, dec = m.encoder(), m.decoder(m.ToCore)
     try:
-        engine = LLMEngine(model, sampling_hook=SamplingExtras, **engine_args)
+        engine = LLMEngine(model, sampling_hook=SamplingExtras, **config_args(engine_args))
     except BaseException as e:
         out.send(enc.encode(m.Ready(error=f"{type(e).__name__}: {e}")))
         out.close(linger=5000)

@@ -182,7 +182,7 @@ class AsyncMPClient:
                 target = self.streams.get(output.request_id)
                 if target is None:
                     continue
-                failed = [c.stop_reason for c in output.outputs if c.finish_reason == "error"]  # (llm_engine: _fail)
+                failed = [c.stop_reason for c in output.outputs if c.finish_reason == "error"]  # (request.py: fail)
                 by_loop.setdefault(target[0], []).append(
                     (target[1], m.RequestFailedError(failed[0]) if failed else output)
                 )

@@ -8,7 +8,7 @@ import os
 import threading
 import time
 
-from minivllm.utils.process_name import TOKENIZER, set_process_name
+from minivllm.engine.tp_workers import TOKENIZER, set_process_name
 
 _tokenizer = None  # the worker process's own
 

@@ -32,29 +32,10 @@ def get_context() -> Context:
     return context
 
 
-def set_context(
-    is_prefill: bool,
-    *,
-    cu_seqlens_q: torch.Tensor | None = None,
-    cu_seqlens_k: torch.Tensor | None = None,
-    max_seqlen_q: int = 0,
-    max_seqlen_k: int = 0,
-    slot_mapping: torch.Tensor | None = None,
-    context_lens: torch.Tensor | None = None,
-    block_tables: torch.Tensor | None = None,
-    num_decode_rows: int = 0,
-) -> None:
-    _local.context = Context(
-        is_prefill=is_prefill,
-        cu_seqlens_q=cu_seqlens_q,
-        cu_seqlens_k=cu_seqlens_k,
-        max_seqlen_q=max_seqlen_q,
-        max_seqlen_k=max_seqlen_k,
-        slot_mapping=slot_mapping,
-        context_lens=context_lens,
-        block_tables=block_tables,
-        num_decode_rows=num_decode_rows,
-    )
+def set_context(is_prefill: bool, **fields) -> None:
+    """This thread's context for the step: `is_prefill` and any of Context's fields by name, the rest at their
+    defaults (an unknown name is a TypeError)."""
+    _local.context = Context(is_prefill, **fields)
 
 
 def reset_context() -> None:

@@ -11,8 +11,8 @@ import threading
 
 import torch
 
+from minivllm.kernels import torch_attention
 from minivllm.kernels.cpu.build import library_path
-from minivllm.layers import torch_attention
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from minivllm.layers import layernorm, rotary_embedding, torch_attention
+from minivllm.kernels import torch_attention
+from minivllm.layers import layernorm, rotary_embedding
 
 
 def self_test(path: str) -> None:

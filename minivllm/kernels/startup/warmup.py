@@ -8,6 +8,7 @@ import torch
 from minivllm.engine import step_inputs
 from minivllm.engine.kv_cache import kv_cache_shape
 from minivllm.engine.sequence import Sequence
+from minivllm.frontend.sampling_filters import sample
 from minivllm.kernels import attention_backends
 from minivllm.kernels.startup.attention_compile import attention_warmup_tokens
 
@@ -49,7 +50,7 @@ def warmup_model(runner) -> None:
     if runner.rank == 0:
         logits = torch.zeros(c.max_num_seqs, c.hf_config.vocab_size, device=runner.device, dtype=runner.dtype)
         t = torch.ones(c.max_num_seqs, device=runner.device)
-        runner.sampler(logits, t, torch.ones_like(t, dtype=torch.int32), t)
+        sample(runner.sampler, logits, t, torch.ones_like(t, dtype=torch.int32), t)  # the filters' path (fp32)
     if cuda:
         torch.cuda.synchronize()
 

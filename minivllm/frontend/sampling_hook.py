@@ -1,7 +1,8 @@
-"""The one seam through which what nano-vllm's sampler lacks reaches the core: top-k / top-p / min-p, penalties,
+"""The one seam through which what nano-vllm's sampler lacks reaches the core (the interface, written here beside
+its implementation so that the core imports no extra): top-k / top-p / min-p, penalties,
 logit bias, allowed tokens, bad words, min_tokens, seeds, logprobs, prompt logprobs and grammar masks. The
-engine is given one hook object at construction (minivllm/frontend/sampling_extras.py implements it, llm.py and
-the serving engine core pass it); llm_engine.py and model_runner.py call it at lines marked `# sampling hook`.
+engine is given one hook object at construction (sampling_extras.py implements it, LLM and the serving engine
+core pass it); engine/llm_engine.py and engine/model_runner.py call it at lines marked `# sampling hook`.
 
 Without a hook, or in a step where no row asks for an extra (`prepare` returns None), the engine samples as
 nano-vllm does: temperatures only, drawn inside the decode CUDA graph on one GPU."""

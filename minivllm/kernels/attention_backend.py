@@ -1,16 +1,17 @@
-"""What an attention backend is: the three calls an Attention layer makes (`prefill`, `prefill_paged`, `decode`),
-its decode kernel, chosen when it is built, and the metadata of a step its kernels read, made by the step's first
-layer and reused by the others (the block tables as the kernels read them, the prefill rows after the decode
-rows). The torch backend is here: plain torch over the paged cache (layers/torch_attention.py), what runs on CPU
-and what a layer built alone gets. The flash backends and the one decision between them are kernels
-(kernels/attention_backends.py); the runner builds one backend object and the model gives it to every layer."""
+"""What an attention backend is: the one call an Attention layer makes (`attend`: which of its three paths a step
+takes, `prefill`, `prefill_paged` or `decode`), its decode kernel, chosen when it is built, and the metadata of a
+step its kernels read, made by the step's first layer and reused by the others (the block tables as the kernels
+read them, the prefill rows after the decode rows). The torch backend is here: plain torch over the paged cache
+(kernels/torch_attention.py), what runs on CPU and what a layer built alone gets. The flash backends and the one
+decision between them are kernels/attention_backends.py; the runner builds one backend object and the model gives
+it to every layer."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from minivllm.layers import torch_attention
+from minivllm.kernels import torch_attention
 from minivllm.utils.context import Context
 
 
@@ -71,9 +72,42 @@ class AttentionBackend:
             )
         return self._rows
 
+    def attend(self, q, k, v, k_cache, v_cache, context: Context, scale: float) -> torch.Tensor:
+        """The step's attention, its new K/V already in the cache: prefill over fresh K/V, prefill over the cache
+        (a cached prefix or a later chunk: q shorter than k), or decode (one query per sequence) -> (N, H, D)."""
+        if context.is_prefill:
+            if context.block_tables is not None:  # keys come from the cache: q is shorter than k
+                return self.attend_paged(q, k_cache, v_cache, context, scale)
+            return self.prefill(q, k, v, context.cu_seqlens_q, context.max_seqlen_q, scale)
+        return self.decode(q, k_cache, v_cache, context.context_lens, self.tables(context), scale)
+
+    def attend_paged(self, q, k_cache, v_cache, context: Context, scale: float) -> torch.Tensor:
+        """A prefill over the cache -> (N, H, D). Its first `num_decode_rows` rows (sequences that decode while
+        others prefill: one query each) run the decode kernel, the rest the prefill kernel."""
+        d = context.num_decode_rows
+        if d:
+            tables = self.tables(context)
+            decoded = self.decode(q[:d], k_cache, v_cache, context.context_lens[:d], tables[:d], scale)
+            if d == q.shape[0]:  # every row has one query
+                return decoded
+        rows = self.prefill_rows(context)
+        out = self.prefill_paged(
+            q[d:],
+            k_cache,
+            v_cache,
+            cu_seqlens_q=rows.cu_seqlens_q,
+            cu_seqlens_k=rows.cu_seqlens_k,
+            max_seqlen_q=context.max_seqlen_q,  # the step's longest: a bound for any of its rows
+            max_seqlen_k=context.max_seqlen_k,
+            context_lens=rows.context_lens,
+            block_tables=rows.block_tables,
+            scale=scale,
+        )
+        return torch.cat([decoded, out]) if d else out  # (d + rest, H, D)
+
 
 class TorchBackend(AttentionBackend):
-    """Plain torch over the paged cache: -1 padded block tables, checked (layers/torch_attention.py)."""
+    """Plain torch over the paged cache: -1 padded block tables, checked (kernels/torch_attention.py)."""
 
     name = "torch"
 
