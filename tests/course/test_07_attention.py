@@ -1,4 +1,4 @@
-"""Chapter 07: attention over the paged cache (minivllm/layers/torch_attention.py: the causal mask, the gather,
+"""Chapter 07: attention over the paged cache (minivllm/kernels/torch_attention.py: the causal mask, the gather,
 prefill over fresh keys and with a cached prefix, decode) and the paged decode kernel with its online softmax
 and split combine (minivllm/kernels/triton/paged_decode.py, through Triton's interpreter on a CPU), fp32 and bf16.
 Scores that overflow exp in fp32 catch an online softmax without its running max."""
@@ -8,8 +8,8 @@ import torch
 from paged import attention_exact, attention_fp32, make_paged, sizes
 
 from helpers.course import DTYPES, assert_close, assert_exact, odd_size, seeded
+from minivllm.kernels import torch_attention as ta
 from minivllm.kernels.triton.paged_decode import paged_decode
-from minivllm.layers import torch_attention as ta
 
 IDS = ["fp32", "bf16"]
 

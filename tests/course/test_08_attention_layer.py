@@ -1,4 +1,5 @@
-"""Chapter 08: the attention layer's forward, attend and attend_paged (minivllm/layers/attention.py) over the
+"""Chapter 08: the attention layer's forward (minivllm/layers/attention.py) and its backend's attend and
+attend_paged (minivllm/kernels/attention_backend.py) over the
 paged cache with the torch backend: a prefill of fresh prompts, a later chunk with decode rows first, a decode
 step; the cache after each, fp32 and bf16."""
 
@@ -85,7 +86,7 @@ def test_prefill_chunk_decode(dtype):
     assert_close(
         got,
         exact,
-        "Attention.attend (prefill over the cache: attend_paged)",
+        "AttentionBackend.attend / attend_paged",
         "a later chunk with a decode row first",
         oracle=oracle,
         dtype=dtype,
@@ -93,4 +94,4 @@ def test_prefill_chunk_decode(dtype):
     run.check_cache({0: 13, 1: 9, 2: 6}, "Attention.forward", "after the chunk")
     # 3) decode: none of the three has a new token in this check, so re-read the last token of each
     got, exact, oracle = run.step([(0, 12, 13), (1, 8, 9), (2, 5, 6)], is_prefill=False, paged=True)
-    assert_close(got, exact, "Attention.attend", "decode", oracle=oracle, dtype=dtype)
+    assert_close(got, exact, "AttentionBackend.attend", "decode", oracle=oracle, dtype=dtype)

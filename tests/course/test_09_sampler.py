@@ -1,11 +1,11 @@
-"""Chapter 09: the exponential race (argmax p / E, E ~ Exp(1)) with temperature, and a seeded row's draw
+"""Chapter 09: the exponential race (argmax p / E, E ~ Exp(1)) with temperature, and the Sampler's forward
 (minivllm/layers/sampler.py): greedy rows, frequencies against softmax(logits / T) by a chi-square test, and
-a seeded draw that depends on its own generator only."""
+draws from the sampler's own generator only."""
 
 import torch
 
 from helpers.course import assert_exact, odd_size, seeded
-from minivllm.layers.sampler import exponential_race, seeded_draw
+from minivllm.layers.sampler import Sampler, exponential_race
 
 CRITICAL = 40.0  # chi-square at p = 1e-5 for up to ~12 degrees of freedom: a right sampler fails 1 run in 1e5
 
@@ -45,13 +45,17 @@ def test_race_frequencies():
         frequencies_match(got, torch.softmax(base.double() / t, -1), "exponential_race", f"temperature {t}")
 
 
-def test_seeded_draw():
+def test_sampler_forward():
+    """Greedy without temperatures; otherwise the race on the sampler's own generator: two samplers of one seed
+    draw the same, whatever torch's global generator does between them."""
     gen = seeded(62)
-    logits = torch.randn(11, generator=gen)
-    t = torch.tensor(0.7)
-    a = [int(seeded_draw(logits, t, seeded(s))) for s in range(4)]
-    b = [int(seeded_draw(logits, t, seeded(s))) for s in range(4)]
-    assert a == b, f"seeded_draw: the same seed drew {a} then {b}: a seeded row must depend on its generator only"
-    g = seeded(5)
-    got = torch.tensor([int(seeded_draw(logits, t, g)) for _ in range(3000)])
-    frequencies_match(got, torch.softmax(logits.double() / 0.7, -1), "seeded_draw", "3000 draws of one generator")
+    logits = torch.randn(odd_size(gen, 5, 30), 11, generator=gen)
+    assert_exact(Sampler()(logits, None), logits.argmax(-1), "Sampler.forward", "temperatures None (greedy)")
+    temps = torch.full((logits.shape[0],), 0.7)
+    a = Sampler(seed=3)(logits, temps)
+    torch.rand(100)  # torch's global generator moves on
+    b = Sampler(seed=3)(logits, temps)
+    assert_exact(b, a, "Sampler.forward", "two samplers of one seed (the draws must use the sampler's generator)")
+    rows = 20000
+    got = Sampler(seed=4)(logits[:1].expand(rows, -1).clone(), torch.full((rows,), 0.7))
+    frequencies_match(got, torch.softmax(logits[0].double() / 0.7, -1), "Sampler.forward", "temperature 0.7")

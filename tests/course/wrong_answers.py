@@ -308,22 +308,20 @@ WRONG += [
     # --- 08 ----------------------------------------------------------------------------------------------------
     Wrong(
         "Attention.forward",
-        "return self.attend(q, k, v, get_context())",
+        "return self.backend.attend(q, k, v, self.k_cache, self.v_cache, get_context(), self.scale)",
         "the new K/V never stored: later steps read an empty cache",
     ),
     Wrong(
-        "Attention.attend",
+        "AttentionBackend.attend",
         """
-        backend = self.backend
         if context.is_prefill:
-            return backend.prefill(q, k, v, context.cu_seqlens_q, context.max_seqlen_q, self.scale)
-        tables = backend.tables(context)
-        return backend.decode(q, self.k_cache, self.v_cache, context.context_lens, tables, self.scale)
+            return self.prefill(q, k, v, context.cu_seqlens_q, context.max_seqlen_q, scale)
+        return self.decode(q, k_cache, v_cache, context.context_lens, self.tables(context), scale)
         """,
         "a prefill always over the fresh K/V: a later chunk does not see its cached prefix",
     ),
     Wrong(
-        "Attention.attend_paged",
+        "AttentionBackend.attend_paged",
         "",
         "the decode rows left out of the result",
         edit=(("return torch.cat([decoded, out]) if d else out", "return out"),),
@@ -345,12 +343,13 @@ WRONG += [
         edit=(("sampled = (probs / noise).argmax(dim=-1)", "sampled = (probs * noise).argmax(dim=-1)"),),
     ),
     Wrong(
-        "seeded_draw",
+        "Sampler.forward",
         """
-        probs = torch.softmax(logits_row.float() / temperature, dim=-1)
-        return (probs / torch.empty_like(probs).exponential_(1)).argmax()
+        if temperatures is None:
+            return logits.float().argmax(dim=-1)
+        return exponential_race(logits.float(), temperatures)
         """,
-        "noise from torch's global generator, not the row's own",
+        "noise from torch's global generator, not the sampler's own (two engines shift each other's draws)",
     ),
 ]
 
@@ -561,7 +560,7 @@ WRONG += [
         "LLMEngine.add_request",
         "",
         "the request recorded but never handed to the scheduler",
-        edit=(("    self._schedule(request)", "    pass"),),
+        edit=(("    self.schedule(request)", "    pass"),),
     ),
     Wrong(
         "LLMEngine._launch",
@@ -573,6 +572,6 @@ WRONG += [
         "LLMEngine._finish",
         "",
         "reports the token before the one sampled",
-        edit=(("[seq.token_ids[pos]]", "[seq.token_ids[pos - 1]]"),),
+        edit=(("request.output(seq, pos, logprobs", "request.output(seq, pos - 1, logprobs"),),
     ),
 ]
