@@ -42,8 +42,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/helpers
 from helpers.benchmark import save_json
-from minivllm.engine.tp_workers import CORE, TP_WORKER
-from minivllm.utils.dist import free_port
+from minivllm.engine.tp_workers import CORE, TP_WORKER, free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANDOM_QWEN3 = "random-qwen3-0.6b"

@@ -51,15 +51,6 @@ class SamplingParams:
         if self.stop_token_ids is None:
             self.stop_token_ids = []
 
-    @property
-    def has_penalties(self) -> bool:
-        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
-
-    @property
-    def needs_history(self) -> bool:
-        """Penalties and bad words read every previous token (the engine waits for the step in flight)."""
-        return self.has_penalties or bool(self.bad_words)
-
     def clone(self) -> "SamplingParams":
         """A deep copy (vLLM's clone): changing one's lists or dicts leaves the other as it was."""
         return copy.deepcopy(self)

@@ -36,7 +36,7 @@ NANO_VLLM = {
     "utils/loader.py": 24,
 }
 CORE = ["config.py", "sampling_params.py", "llm.py", "engine", "layers", "models", "utils/context.py"]
-CORE += ["utils/loader.py", "utils/dist.py"]
+CORE += ["utils/loader.py"]
 EXTRAS = ("kernels/", "frontend/", "serve/")
 # chapter -> the modules its notebook names in its first cell as the ones it builds and verifies
 CHAPTERS = {

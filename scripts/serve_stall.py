@@ -146,7 +146,7 @@ def main() -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/helpers
     from helpers.tiny_model import make_tiny_checkpoint
-    from minivllm.utils.dist import free_port
+    from minivllm.engine.tp_workers import free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         model, port, args.arm = make_tiny_checkpoint(os.path.join(tmp, "tiny-qwen3")), free_port(), f"{tmp}/arm"

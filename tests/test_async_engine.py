@@ -32,6 +32,7 @@ from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.sequence import PENDING, Sequence
 from minivllm.engine.step_inputs import prepare_decode, prepare_prefill
 from minivllm.frontend.output_processor import OutputProcessor
+from minivllm.frontend.penalties import needs_history
 from minivllm.sampling_params import RequestOutputKind
 from minivllm.serve.async_llm import AsyncLLM, EngineDeadError
 
@@ -78,7 +79,7 @@ class FakeRunner:
             if src >= 0:  # fed from the previous step's output: that row must be this very sequence
                 assert self.previous[src] is owners[t], "a PENDING token fed from another sequence's row"
         for s in seqs:
-            assert not (s.sampling_params.needs_history and PENDING in s.token_ids), "penalties without history"
+            assert not (needs_history(s.sampling_params) and PENDING in s.token_ids), "penalties without history"
             for p in range(s.num_computed_tokens):  # what attention reads from the cache
                 slot = (s.block_table[p // self.bs], p % self.bs)
                 assert self.slots.get(slot) == self.true_tokens(s, p + 1), f"slot {slot} holds another prefix"

@@ -121,6 +121,28 @@ def test_the_eos_token_has_no_text_and_an_abort_ends_the_stream(tokenizer):
     assert out.finished and out.outputs[0].finish_reason == "abort" and not op.requests
 
 
+def test_prompt_logprobs_arrive_chunk_by_chunk_and_the_first_scores_are_kept(tokenizer):
+    """The engine emits each prefill chunk's prompt rows in an output with no token; the front end gathers them,
+    skips rows a recompute scores again, and hands them out with the first token."""
+    op = OutputProcessor(tokenizer)
+    prompt = [7, 8, 9, 10, 11]
+    op.add_request(Request("r", None, prompt, SamplingParams(max_tokens=5, prompt_logprobs=0)))
+
+    def row(logprob: float) -> tuple:  # (top ids, top logprobs, the token's logprob, its rank)
+        return [], [], logprob, 1
+
+    assert op.process([EngineOutput("r", 0, [], prompt_logprobs=(1, [row(-1.0), row(-2.0)]))]) == ([], [])
+    assert op.process([EngineOutput("r", 0, [], prompt_logprobs=(1, [row(-9.0), row(-9.0)]))]) == ([], [])  # again
+    chunk = EngineOutput("r", 0, [], prompt_logprobs=(2, [row(-9.0), row(-3.0), row(-4.0)]))  # overlaps by one
+    (out,), _ = op.process([chunk, EngineOutput("r", 0, [5])])
+    got = [None if e is None else e[t].logprob for e, t in zip(out.prompt_logprobs, prompt)]
+    assert got == [None, -1.0, -2.0, -3.0, -4.0] and out.outputs[0].token_ids == [5]
+    late = EngineOutput("r", 0, [], prompt_logprobs=(1, [row(-9.0)] * 4))  # a recompute after the first token
+    (out,), _ = op.process([late, EngineOutput("r", 0, [6])])
+    assert [e[t].logprob for e, t in zip(out.prompt_logprobs[1:], prompt[1:])] == [-1.0, -2.0, -3.0, -4.0]
+    assert out.outputs[0].token_ids == [5, 6]
+
+
 def test_decode_stream_text_is_exactly_decode(tokenizer):
     """Random token ids (many of them bytes of a character split over tokens): piece by piece, the text ends equal
     to tokenizer.decode, the incomplete last character included (a stream alone would drop it)."""

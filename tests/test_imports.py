@@ -72,7 +72,7 @@ def test_the_import_reader_sees_what_a_module_imports():
     graph = {name: imports_of(name) for name in MODULES}
     assert "minivllm.kernels.torch_attention" in graph["minivllm.kernels.cpu.ops"]  # a module-level import
     assert "minivllm.kernels.cpu.ops" in graph["minivllm.kernels.table"]  # one inside pick()
-    assert "minivllm.engine.model_runner" in graph["minivllm.engine.tp_workers"]  # one inside worker_main()
+    assert "minivllm.llm" in graph["minivllm"]  # one inside the package's __getattr__()
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 

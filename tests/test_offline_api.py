@@ -143,6 +143,7 @@ def test_reset_prefix_cache(llm):
 def test_step_outputs_cumulative_and_delta(llm, hf):
     llm.add_request("c", PROMPTS[0], GREEDY)
     llm.add_request("d", PROMPTS[1], SamplingParams(temperature=0, max_tokens=6, output_kind=RequestOutputKind.DELTA))
+    assert llm.get_num_unfinished_requests() == 2  # vLLM's step API
     seen = {"c": [], "d": []}
     while llm.has_unfinished_requests():
         for o in llm.step():
@@ -151,6 +152,7 @@ def test_step_outputs_cumulative_and_delta(llm, hf):
     assert [len(t) for t, _ in c] == [1, 2, 3, 4, 5, 6] and c[-1] == (hf(PROMPTS[0]), True)
     assert [f for _, f in c] == [False] * 5 + [True]
     assert sum((t for t, _ in d), []) == hf(PROMPTS[1]) and all(len(t) == 1 for t, _ in d)
+    assert llm.get_num_unfinished_requests() == 0
     with pytest.raises(ValueError, match="request id 'x' is already in use"):
         llm.add_request("x", PROMPTS[0], GREEDY)
         llm.add_request("x", PROMPTS[0], GREEDY)

@@ -22,11 +22,11 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
+from minivllm.engine.tp_workers import free_port
 from minivllm.serve.async_llm import AsyncLLM
 from minivllm.serve.cli import port_free, serve_main
 from minivllm.serve.openai_server import ServerThread
 from minivllm.serve.server_options import ServerOptions
-from minivllm.utils.dist import free_port
 
 ARGS = dict(kvcache_block_size=16, max_model_len=256, max_num_seqs=16, max_num_batched_tokens=256)
 BLOCKS = 32  # small: 64 clients make the scheduler preempt

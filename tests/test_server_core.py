@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from minivllm import LLM, SamplingParams
+from minivllm.engine.tp_workers import free_port
 from minivllm.serve.async_llm import AsyncLLM
 from minivllm.serve.core_client import AsyncMPClient
 from minivllm.serve.openai_server import ServerThread
-from minivllm.utils.dist import free_port
 
 BLOCK, BLOCKS = 16, 32
 ARGS = dict(kvcache_block_size=BLOCK, max_model_len=BLOCK * BLOCKS, max_num_seqs=64, max_num_batched_tokens=512)

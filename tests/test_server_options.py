@@ -4,8 +4,8 @@ VLLM_SERVER_DEV_MODE), reach the server's ServerOptions; what the options do is 
 
 import pytest
 
+from minivllm.engine.tp_workers import free_port
 from minivllm.serve.server_options import ServerOptions
-from minivllm.utils.dist import free_port
 
 
 def test_api_key_from_the_environment(monkeypatch):

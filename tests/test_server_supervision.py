@@ -16,7 +16,7 @@ import psutil
 import pytest
 from test_server import start_server
 
-from minivllm.utils.dist import free_port
+from minivllm.engine.tp_workers import free_port
 
 
 def named(proc: subprocess.Popen, name: str) -> list[psutil.Process]:

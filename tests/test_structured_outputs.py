@@ -19,6 +19,7 @@ from conftest import needs_smollm2
 from helpers.tiny_model import CHAT_TEMPLATE, make_tiny_checkpoint
 from minivllm import LLM, SamplingParams
 from minivllm.frontend.default_model import default_model_dir
+from minivllm.frontend.penalties import needs_history
 from minivllm.frontend.sampling_checks import check_sampling_params
 from minivllm.frontend.sampling_inputs import needs_processing
 from minivllm.frontend.structured_outputs.bitmask import GrammarMask, allowed_tokens, apply_grammar_mask, num_words
@@ -100,7 +101,7 @@ def test_params_refuse(kw, match):
 
 def test_sampling_params_field():
     sp = SamplingParams(structured_outputs=S(choice=["a"]))
-    assert needs_processing(sp) and not sp.needs_history  # the eager path; no penalties
+    assert needs_processing(sp) and not needs_history(sp)  # the eager path; no penalties
     assert not needs_processing(SamplingParams())
     with pytest.raises(ValueError, match="structured_outputs must be a StructuredOutputsParams"):
         check_sampling_params(SamplingParams(structured_outputs={"choice": ["a"]}))

@@ -9,7 +9,7 @@ import pytest
 from conftest import assert_close
 from helpers.spawn import run_tp
 from helpers.tp_checks import run_decoder_layer, tp_worker
-from minivllm.utils.dist import divide
+from minivllm.layers.linear import divide
 
 LINEAR = ["column", "row", "qkv", "merged"]
 # layer -> (all_reduce calls, gather calls) of one forward at TP=2

@@ -23,9 +23,8 @@ from minivllm.engine import request as per_request  # requests that fail alone, 
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.request import EngineOutput, EngineRequest, Launched, StepRecord
 from minivllm.engine.scheduler import Scheduler
-from minivllm.engine.tp_workers import Workers
+from minivllm.engine.tp_workers import Workers, free_port
 from minivllm.sampling_params import SamplingParams
-from minivllm.utils.dist import free_port
 
 
 class LLMEngine:
@@ -35,7 +34,7 @@ class LLMEngine:
         temperature only."""
         self.config = config = Config(model, **kwargs)
         port = free_port()
-        self.workers = Workers(config, port) if config.tensor_parallel_size > 1 else None
+        self.workers = Workers(config, port, ModelRunner) if config.tensor_parallel_size > 1 else None
         try:
             self.model_runner = ModelRunner(config, rank=0, port=port, workers=self.workers)
         except BaseException:
@@ -108,9 +107,6 @@ class LLMEngine:
         """Requests not finished yet, or a step still in flight (whose tokens step() reads back)."""
         return bool(self.requests) or self.in_flight is not None
 
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.requests)
-
     def is_finished(self) -> bool:
         return not self.has_unfinished_requests()
 
@@ -127,7 +123,9 @@ class LLMEngine:
         if hook is not None:  # sampling hook: requests whose grammar compiled join, those it failed to end
             per_request.admit_compiled(self)
         outputs, progressed = [], False
-        if self.in_flight is not None and (not self.overlap or self.in_flight.needs_history):
+        # sampling hook: a request in flight with penalties, bad words or a grammar reads every previous token
+        waits = hook is not None and self.in_flight is not None and hook.needs_history(self.in_flight.seqs)
+        if self.in_flight is not None and (not self.overlap or waits):
             in_flight, self.in_flight = self.in_flight, None  # the next launch needs its tokens
             outputs, progressed = self._finish(in_flight), True
         launched = self._launch() if self.requests else None
@@ -161,13 +159,12 @@ class LLMEngine:
         what each sequence got."""
         t = time.perf_counter()  # postprocess includes the wait for the GPU (StepRecord: where the wall time went)
         tokens, logprobs = launched.handle.result()
-        per_request.add_prompt_logprobs(self, launched)  # sampling hook: prompt logprobs, a chunk at a time
+        outputs = per_request.prompt_logprobs_outputs(self.sampling_hook, launched)  # sampling hook: prompt logprobs
         live = [(seq, pos) for seq, pos in launched.sampled if not seq.is_finished]  # an aborted one's is dropped
         self.scheduler.on_result(launched.seqs, launched.sampled, tokens)
         if self.sampling_hook is not None:  # sampling hook: grammars take the tokens (one may end its sequence)
             self.sampling_hook.advance(live, self.scheduler.finish)
         row_of = {id(s): i for i, s in enumerate(launched.seqs)}
-        outputs = []
         for seq, pos in live:
             request = self.requests[seq.request_id]
             for other in reversed(request.release(seq, pos)):  # they arrived with it: the front of the queue

@@ -17,11 +17,11 @@ from minivllm.engine.kv_cache import GpuMemory, allocate_zeroed, kv_block_bytes,
 from minivllm.engine.request import StepHandle
 from minivllm.engine.sequence import Sequence
 from minivllm.engine.step_inputs import DecodeLayout, InputBuffers, StepInput
+from minivllm.engine.tp_workers import destroy_engine_group, min_over_ranks, new_engine_group
 from minivllm.layers.attention import Attention
 from minivllm.layers.sampler import Sampler
 from minivllm.models.qwen3 import Qwen3ForCausalLM
 from minivllm.utils.context import reset_context, set_context
-from minivllm.utils.dist import destroy_engine_group, min_over_ranks, new_engine_group
 from minivllm.utils.loader import load_model
 
 EMPTY = torch.tensor([])  # an attention layer's cache before the runner gives it one

@@ -1,7 +1,8 @@
 """What enters and leaves the engine (llm_engine.py), per request and per step (vLLM V1's EngineCoreRequest /
 EngineCoreOutput): a request's `n` sequences as the engine keeps them, what one sequence got in one step (token ids,
-never text: the front end's output processor detokenises, frontend/output_processor.py), and a launched step
-(model_runner.py's `launch`) whose sampled tokens are on their way back to the host.
+never text: the front end's output processor detokenises and gathers prompt log-probabilities chunk by chunk,
+frontend/output_processor.py), and a launched step (model_runner.py's `launch`) whose sampled tokens are on their way
+back to the host.
 
 With prefix caching, sequences 1..n-1 of a request whose prompt fills a block wait until sequence 0 has computed
 the prompt (its first token arrived): they then find its blocks in the prefix cache, so the prompt is computed
@@ -30,7 +31,9 @@ class EngineOutput:
     finish_reason: str | None = None  # "stop" (EOS, stop token, grammar's end), "length", "abort", "error"; None: runs
     stop_reason: int | str | None = None  # the stop token id that ended it (None for EOS); "error": the message
     new_logprobs: list[tuple] | None = None  # per new token (top ids, top logprobs, logprob, rank), when asked
-    prompt_logprobs: list[tuple] | None = None  # once, on sequence 0: per prompt token after the first, as above
+    prompt_logprobs: tuple[int, list[tuple]] | None = (
+        None  # a prefill chunk's: (first prompt token index, rows as above)
+    )
 
 
 @dataclass(slots=True)
@@ -39,8 +42,6 @@ class EngineRequest:
 
     seqs: list[Sequence]
     deferred: list[Sequence] = field(default_factory=list)  # waiting for seqs[0] to compute the shared prompt
-    prompt_rows: list[tuple] | None = None  # prompt-logprob rows of prompt tokens 1, 2, ..., when asked
-    prompt_rows_sent: bool = False
 
     @classmethod
     def make(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams, max_model_len: int):
@@ -53,7 +54,7 @@ class EngineRequest:
             child = replace(params, n=1, seed=params.seed + i) if params.n > 1 and params.seed is not None else params
             child.bad_words_token_ids = params.bad_words_token_ids
             seqs.append(Sequence(prompt_token_ids, child, request_id, i))
-        return cls(seqs, prompt_rows=[] if params.prompt_logprobs is not None else None)
+        return cls(seqs)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -63,25 +64,17 @@ class EngineRequest:
         """The sequences to schedule now: with `share_prompt` (prefix caching, a prompt longer than a block) the
         first only, the others deferred until it has computed the prompt (not when prompt logprobs are asked: those
         score every position)."""
-        if share_prompt and self.prompt_rows is None and len(self.seqs) > 1:
+        if share_prompt and self.seqs[0].sampling_params.prompt_logprobs is None and len(self.seqs) > 1:
             self.deferred = self.seqs[1:]
             return self.seqs[:1]
         return list(self.seqs)
 
-    def add_prompt_rows(self, first: int, rows: list[tuple]) -> None:
-        """Prompt-logprob rows of prompt tokens `first`, `first + 1`, ... (a chunk's; rows already recorded, as
-        after a recompute, are skipped)."""
-        if self.prompt_rows is not None and first <= len(self.prompt_rows) + 1:
-            self.prompt_rows += rows[len(self.prompt_rows) + 1 - first :]
-
     def output(self, seq: Sequence, pos: int, logprobs: dict[int, tuple], row: int) -> EngineOutput:
         """What `seq` got in a step: its token at `pos` and its finish, its logprob row (batch `row` of `logprobs`)
-        when asked; the prompt's logprob rows once, on sequence 0."""
+        when asked."""
         out = EngineOutput(seq.request_id, seq.index, [seq.token_ids[pos]], seq.finish_reason, seq.stop_reason)
         if seq.sampling_params.logprobs is not None:
             out.new_logprobs = [logprobs[row]]
-        if self.prompt_rows is not None and not self.prompt_rows_sent and seq.index == 0:
-            out.prompt_logprobs, self.prompt_rows_sent = self.prompt_rows, True
         return out
 
     def end(self, scheduler, reason: str, message: str | None = None) -> list[EngineOutput]:
@@ -150,14 +143,17 @@ def launch_alone_at_fault(engine, seqs: list[Sequence], is_prefill: bool) -> tup
     return seqs, r.launch(seqs, is_prefill, hook) if seqs else None
 
 
-def add_prompt_logprobs(engine, launched: "Launched") -> None:
-    """A prefill step's prompt log-probabilities (sampling hook), a chunk at a time, to their requests."""
+def prompt_logprobs_outputs(hook, launched: "Launched") -> list[EngineOutput]:
+    """A prefill step's prompt log-probabilities (sampling hook): an output with no token per sequence that asked,
+    carrying its chunk's rows, which the front end gathers (frontend/output_processor.py)."""
     if launched.handle.prompt_logprobs is None:  # no row asked
-        return
-    for row, first, entries in engine.sampling_hook.prompt_logprobs_rows(*launched.handle.prompt_logprobs):
+        return []
+    outputs = []
+    for row, first, entries in hook.prompt_logprobs_rows(*launched.handle.prompt_logprobs):
         seq = launched.seqs[row]
         if not seq.is_finished:
-            engine.requests[seq.request_id].add_prompt_rows(first, entries)
+            outputs.append(EngineOutput(seq.request_id, seq.index, [], prompt_logprobs=(first, entries)))
+    return outputs
 
 
 # --- a launched step ---
@@ -214,8 +210,3 @@ class Launched:
     sampled: list[tuple[Sequence, int]]  # (sequence, position of its PENDING token)
     handle: StepHandle
     record: StepRecord
-
-    @property
-    def needs_history(self) -> bool:
-        """A request in it has penalties, bad words or a grammar: finish it before the next launch."""
-        return any(s.sampling_params.needs_history or s.sampling_params.structured_outputs for s in self.seqs)

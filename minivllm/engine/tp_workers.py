@@ -1,4 +1,5 @@
-"""The tensor-parallel worker processes of one engine (ranks 1..N-1), and how rank 0 talks to them.
+"""The tensor-parallel ranks of one engine: its worker processes (ranks 1..N-1), how rank 0 talks to them, and
+the process group all its ranks share.
 
 Rank 0 lives in the user's process and drives: each step's inputs go to every worker over a pipe, and all
 ranks run the same forward (their layers meet in the all_reduces; notebook 14 counts them). nano-vllm does
@@ -8,16 +9,27 @@ Start-up is where a worker is most likely to die (an import that fails in the sp
 out-of-memory error while loading). Rank 0 must never wait on a collective for a rank that is gone, so
 every rank reports each start-up phase (`checkpoint`), and rank 0 waits for those reports, watching each
 worker's process, before it enters the next phase's collectives: a dead or failed worker ends the engine's
-construction at once, with an error naming its rank."""
+construction at once, with an error naming its rank.
+
+Each engine has a process group of its own over its ranks (`new_engine_group`), which the runner passes to the
+parallel layers when it builds the model; they call `dist.all_reduce(y, group=self.group)` (notebook 04 explains
+the two all_reduces per layer, notebook 05 the vocabulary gather). Nothing here is process-wide: the driver
+process may hold several tensor-parallel engines, each with its own group, and a worker process serves one."""
 
 import multiprocessing.connection
 import os
+import socket
 import sys
 import traceback
+from datetime import timedelta
 
+import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from minivllm.config import Config
+
+TIMEOUT = timedelta(minutes=10)  # a rank that does not join (or answer) within this fails the collective
 
 # the names `ps` and `top` show for the engine's processes (vLLM names its engine core the same way), which are
 # otherwise all "python3"; benchmarks/bench_serve.py reads them to tell the engine's CPU time from the API server's
@@ -35,17 +47,57 @@ def set_process_name(name: str) -> None:
         pass
 
 
+# --- the engine's process group ---
+
+
+def free_port() -> int:
+    """A TCP port free right now on localhost (no fixed port: two engines on one host must coexist)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def new_engine_group(rank: int, world_size: int, port: int, backend: str) -> dist.ProcessGroup:
+    """This engine's group over its `world_size` ranks, met at `port` on localhost (rank 0 holds the store): a
+    process group of its own, not torch.distributed's default one, so one process can hold several engines'."""
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0, timeout=TIMEOUT)
+    if backend == "nccl":
+        return dist.ProcessGroupNCCL(store, rank, world_size)
+    return dist.ProcessGroupGloo(store, rank, world_size, TIMEOUT)
+
+
+def destroy_engine_group(group: dist.ProcessGroup) -> None:
+    """Close this engine's group only, never another engine's. (Gloo's groups have `shutdown` from torch 2.7 on;
+    before, their connections close when the last reference goes.)"""
+    if hasattr(group, "shutdown"):
+        group.shutdown()
+
+
+def min_over_ranks(n: int, device: torch.device, group: dist.ProcessGroup | None = None) -> int:
+    """The smallest `n` over the tensor-parallel ranks of `group` (`n` itself with one rank)."""
+    if group is None or group.size() == 1:
+        return n
+    t = torch.tensor([n], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+    return int(t.item())
+
+
+# --- the worker processes ---
+
+
 class WorkerError(RuntimeError):
     pass
 
 
 class Workers:
-    def __init__(self, config: Config, port: int) -> None:
+    def __init__(self, config: Config, port: int, runner_class: type) -> None:
+        """Spawn ranks 1..N-1, each building a `runner_class` (engine/model_runner.py's ModelRunner: rank 0 passes
+        the class it builds, so that this module need not import the runner, which imports it)."""
         ctx = mp.get_context("spawn")
         self.processes, self.conns = [], []
         for rank in range(1, config.tensor_parallel_size):
             parent, child = ctx.Pipe()
-            process = ctx.Process(target=worker_main, args=(config, rank, port, child), daemon=True)
+            process = ctx.Process(target=worker_main, args=(runner_class, config, rank, port, child), daemon=True)
             process.start()
             child.close()  # the worker holds its end: a dead worker makes recv() fail instead of wait
             self.processes.append(process)
@@ -117,15 +169,13 @@ class Reporter:
         self.done = phase
 
 
-def worker_main(config: Config, rank: int, port: int, conn) -> None:
-    """A tensor-parallel worker: build its ModelRunner, then run whatever rank 0 sends until it says exit or
-    goes away."""
-    from minivllm.engine.model_runner import ModelRunner
-
+def worker_main(runner_class: type, config: Config, rank: int, port: int, conn) -> None:
+    """A tensor-parallel worker: build its ModelRunner (`runner_class`), then run whatever rank 0 sends until it says
+    exit or goes away."""
     set_process_name(f"{TP_WORKER}{rank}")
     reporter = Reporter(conn)
     try:
-        runner = ModelRunner(config, rank=rank, port=port, reporter=reporter)
+        runner = runner_class(config, rank=rank, port=port, reporter=reporter)
     except BaseException as e:
         detail = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
         try:

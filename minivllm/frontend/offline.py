@@ -34,6 +34,9 @@ class OfflineAPI:
     def get_tokenizer(self):
         return self.tokenizer
 
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
     # --- the step API, with the front end ---------------------------------------------------------------
 
     @property

@@ -2,7 +2,8 @@
 sequence and step); this turns them into vLLM's RequestOutputs, for `LLM` (llm.py) and the server alike (in
 AsyncLLM's engine thread, or in the API-server process from the engine core's messages). Per sequence: its
 tokens, its log-probabilities with their decoded tokens, its text (detokenizer.py: incremental, with stop
-strings); per request: its `n` sequences merged into one RequestOutput in the request's output kind
+strings); per request: its prompt log-probabilities, gathered as the engine scores the prompt chunk by chunk
+and given out with its first token, and its `n` sequences merged into one RequestOutput in the request's output kind
 (CUMULATIVE: everything so far; DELTA: only what is new; FINAL_ONLY: one output at the end). A sequence whose
 text reached a stop string is reported back (`process`'s second result), for the engine to end it.
 
@@ -53,12 +54,19 @@ class RequestState:
     prompt_token_ids: list[int]
     params: SamplingParams
     seqs: list[SequenceState]
-    prompt_logprobs: PromptLogprobs | None = None  # once the engine has scored the prompt
+    prompt_rows: list[tuple] | None = None  # prompt-logprob rows of prompt tokens 1, 2, ... as chunks arrive
+    prompt_logprobs: PromptLogprobs | None = None  # once the engine has scored the prompt (its first token came)
     prompt_logprobs_sent: bool = False  # DELTA: sent with the first output that has them
 
     @property
     def finished(self) -> bool:
         return all(s.finish_reason is not None for s in self.seqs)
+
+    def add_prompt_rows(self, first: int, rows: list[tuple]) -> None:
+        """A chunk's prompt-logprob rows, of prompt tokens `first`, `first + 1`, ... (rows already gathered, as
+        after a recompute, are skipped)."""
+        if self.prompt_logprobs is None and first <= len(self.prompt_rows) + 1:
+            self.prompt_rows += rows[len(self.prompt_rows) + 1 - first :]
 
 
 class OutputProcessor:
@@ -77,6 +85,8 @@ class OutputProcessor:
         self.requests[request.request_id] = RequestState(
             request.request_id, request.prompt, request.prompt_token_ids, sp, seqs
         )
+        if sp.prompt_logprobs is not None:
+            self.requests[request.request_id].prompt_rows = []
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Stop following these requests (their outputs, if any come, are dropped)."""
@@ -92,6 +102,9 @@ class OutputProcessor:
             state = self.requests.get(out.request_id)
             if state is None or state.seqs[out.index].finish_reason is not None:
                 continue  # aborted, or ended on a stop string while the engine had tokens in flight
+            if out.prompt_logprobs is not None:  # a prefill chunk's prompt log-probabilities, no token
+                state.add_prompt_rows(*out.prompt_logprobs)
+                continue
             seq = state.seqs[out.index]
             if self.update(state, seq, out):
                 stopped.append((out.request_id, out.index))
@@ -107,9 +120,9 @@ class OutputProcessor:
 
     def update(self, state: RequestState, seq: SequenceState, out: EngineOutput) -> bool:
         """Apply one EngineOutput to its sequence; True when a stop string ended it here (not the engine)."""
-        if out.prompt_logprobs is not None and state.prompt_logprobs is None:
-            k, targets = state.params.prompt_logprobs, state.prompt_token_ids[1:]
-            state.prompt_logprobs = [None] + [self.entry(t, e, k) for t, e in zip(targets, out.prompt_logprobs)]
+        if state.prompt_rows is not None and state.prompt_logprobs is None and seq.index == 0 and out.new_token_ids:
+            k, targets = state.params.prompt_logprobs, state.prompt_token_ids[1:]  # the prompt is scored: its rows
+            state.prompt_logprobs = [None] + [self.entry(t, e, k) for t, e in zip(targets, state.prompt_rows)]
         seq.token_ids += out.new_token_ids
         if seq.logprobs is not None and out.new_logprobs:
             for token, row in zip(out.new_token_ids, out.new_logprobs):

@@ -10,6 +10,17 @@ Rows are gathered, changed and scattered back, so a batch with one penalised req
 
 import torch
 
+from minivllm.sampling_params import SamplingParams
+
+
+def has_penalties(sp: SamplingParams) -> bool:
+    return sp.presence_penalty != 0 or sp.frequency_penalty != 0 or sp.repetition_penalty != 1
+
+
+def needs_history(sp: SamplingParams) -> bool:
+    """Penalties and bad words read every previous token (the engine waits for the step in flight)."""
+    return has_penalties(sp) or bool(sp.bad_words)
+
 
 def ban_tokens(logits: torch.Tensor, rows: torch.Tensor, token_ids: torch.Tensor) -> None:
     """logits[rows[i], token_ids[i]] = -inf, in place. rows, token_ids: (K,) int64."""

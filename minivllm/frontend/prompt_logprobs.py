@@ -5,7 +5,7 @@ every prompt position they compute in a step (a chunk of a long prompt at a time
 step's hidden states for them and projects the positions planned here. Logits at position j score token j + 1;
 the last prompt position gives the first output token instead. Such requests skip the prefix cache (as vLLM's
 do), so every position is computed; a recompute after preemption scores positions already recorded again, and
-the engine keeps the first (llm_engine.py)."""
+the front end keeps the first (output_processor.py)."""
 
 from dataclasses import dataclass
 

@@ -8,6 +8,7 @@ import torch
 
 from minivllm.engine.sequence import Sequence
 from minivllm.frontend import prompt_logprobs
+from minivllm.frontend.penalties import needs_history
 from minivllm.frontend.sampling_inputs import SamplingInputs, failing_requests, prepare_sampling, sample_tokens
 from minivllm.frontend.structured_outputs.manager import StructuredOutputs
 
@@ -39,6 +40,9 @@ class SamplingExtras:
 
     def prompt_logprobs_rows(self, plan, scored) -> list[tuple[int, int, list[tuple]]]:
         return prompt_logprobs.split(plan, scored)
+
+    def needs_history(self, seqs: list[Sequence]) -> bool:
+        return any(needs_history(s.sampling_params) or s.sampling_params.structured_outputs for s in seqs)
 
     def advance(self, sampled: list[tuple[Sequence, int]], finish) -> list[Sequence]:
         return self.structured_outputs.advance(sampled, finish)  # grammars take the tokens

@@ -39,6 +39,10 @@ class SamplingHook(Protocol):
     def prompt_logprobs_rows(self, plan: Any, scored: Any) -> list[tuple[int, int, list[tuple]]]:
         """A step's prompt log-probabilities as (batch row, first prompt token index, rows) per sequence."""
 
+    def needs_history(self, seqs: list[Sequence]) -> bool:
+        """A sequence of a launched step reads every previous token (penalties, bad words, a grammar): the engine
+        reads that step's tokens back before it launches the next."""
+
     def advance(self, sampled: list[tuple[Sequence, int]], finish) -> list[Sequence]:
         """A step's tokens arrived (`sampled`: sequence, position): let each sequence's extras take its token;
         `finish(seq, reason)` ends one that must stop (a grammar that terminated). Returns those it ended."""

@@ -20,7 +20,7 @@ from minivllm.engine.sequence import PENDING, Sequence
 from minivllm.engine.step_inputs import InputBuffers
 from minivllm.frontend.logits_processors import LogitsEdits, apply_logits_edits, bad_word_bans
 from minivllm.frontend.logprobs import LogprobsTensors, add_sampled, raw_logprobs
-from minivllm.frontend.penalties import apply_penalties, ban_tokens, token_counts
+from minivllm.frontend.penalties import apply_penalties, ban_tokens, has_penalties, needs_history, token_counts
 from minivllm.frontend.sampling_filters import sample
 from minivllm.frontend.structured_outputs.bitmask import GrammarMask, apply_grammar_mask, grammar_mask
 from minivllm.layers.sampler import Sampler
@@ -33,7 +33,7 @@ def needs_processing(sp: SamplingParams) -> bool:
         sp.top_k > 0
         or sp.top_p < 1
         or sp.min_p > 0
-        or sp.needs_history
+        or needs_history(sp)
         or (sp.seed is not None and sp.temperature > 0)
         or sp.logprobs is not None
         or bool(sp.logit_bias or sp.allowed_token_ids)
@@ -128,7 +128,7 @@ def prepare_sampling(
     if banned:
         out.banned = ints([i for i, _ in banned]), ints([t for _, t in banned])
     out.edits = logits_edits(seqs, extra, device)
-    penalised = [i for i in extra if sps[i].has_penalties]
+    penalised = [i for i in extra if has_penalties(sps[i])]
     if penalised:
         out.penalties = penalties([seqs[i] for i in penalised], penalised, vocab, device)
     out.generators = {  # a prefill chunk that does not finish its prompt draws nothing from its stream

@@ -7,9 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.kernels.table import TORCH, Ops
-from minivllm.layers.linear import linear
+from minivllm.layers.linear import divide, linear, tp_rank, tp_size
 from minivllm.utils.context import get_context
-from minivllm.utils.dist import divide, tp_rank, tp_size
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -2,7 +2,8 @@
 dim and all_reduces over the engine's TP group (`group`, given at construction; None: one rank); QKV and Merged
 are Column layers that pack several HF weights into one matrix. Each parameter carries a
 `weight_loader(param, loaded_weight[, shard_id])` that the loader calls. The matmul is `F.linear`, or the
-engine's kernel (`ops.linear`: on CPU through a weight packed once after the load, `pack_weight`)."""
+engine's kernel (`ops.linear`: on CPU through a weight packed once after the load, `pack_weight`). The TP helpers
+(`tp_rank`, `tp_size`, `divide`) serve every parallel layer; the engine makes the group (engine/tp_workers.py)."""
 
 import torch
 import torch.distributed as dist
@@ -10,7 +11,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.kernels.table import TORCH, Ops
-from minivllm.utils.dist import divide, tp_rank, tp_size
+
+
+def tp_rank(group: dist.ProcessGroup | None = None) -> int:
+    return group.rank() if group is not None else 0
+
+
+def tp_size(group: dist.ProcessGroup | None = None) -> int:
+    return group.size() if group is not None else 1
+
+
+def divide(numerator: int, denominator: int, what: str = "size") -> int:
+    if numerator % denominator != 0:
+        raise ValueError(f"tensor parallel size {denominator} does not divide {what} {numerator}")
+    return numerator // denominator
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, packed=None) -> torch.Tensor:

@@ -12,9 +12,8 @@ from minivllm.layers.activation import SiluAndMul
 from minivllm.layers.attention import Attention
 from minivllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minivllm.layers.layernorm import RMSNorm
-from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, divide, tp_size
 from minivllm.layers.rotary_embedding import get_rope, rope_scaling_of, rope_theta_of
-from minivllm.utils.dist import divide, tp_size
 
 # architecture -> (q/k/v bias, o_proj bias, QK-norm), as in transformers; None = config.attention_bias
 ARCHITECTURES = {

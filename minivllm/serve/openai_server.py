@@ -27,6 +27,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from minivllm.engine.tp_workers import free_port
 from minivllm.frontend.inputs import is_token_ids
 from minivllm.frontend.sampling_checks import MAX_N, check_sampling_params
 from minivllm.serve.async_llm import AsyncLLM, EngineDeadError
@@ -39,7 +40,6 @@ from minivllm.serve.server_options import ServerOptions, add_middleware, request
 from minivllm.serve.serving_utils import BadRequest, bad_request, until_disconnect
 from minivllm.serve.tokenizer_pool import TokenizerPool, WorkerDiedError
 from minivllm.serve.tokens import add_token_routes
-from minivllm.utils.dist import free_port
 
 # How long an idle keep-alive connection stays open (uvicorn's and vLLM's default: 5 s). Longer here: an engine
 # in this process (AsyncLLM without its own core process) shares the GIL, and a kernel compiling inside it can hold

@@ -9,7 +9,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from minivllm.utils.dist import free_port
+from minivllm.engine.tp_workers import free_port
 
 
 def _spawn_entry(rank: int, world_size: int, port: int, fn, args, queue, group: bool) -> None:

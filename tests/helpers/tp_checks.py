@@ -26,15 +26,17 @@ from helpers.tp_common import (
     group,
 )
 from helpers.tp_decoder import run_decoder_layer, tiny_qwen3_config
+from minivllm.engine.tp_workers import min_over_ranks
 from minivllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minivllm.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
+    tp_rank,
+    tp_size,
 )
 from minivllm.utils.context import reset_context, set_context
-from minivllm.utils.dist import min_over_ranks, tp_rank, tp_size
 
 # --- the parallel Linear family ------------------------------------------------------------------------
 
@@ -174,7 +176,7 @@ def error_checks() -> dict[str, str | None]:
 
 
 def agree_min_check(rank: int) -> int:
-    """The runner's agreement on the block count (utils/dist.min_over_ranks) with a different count on each rank
+    """The runner's agreement on the block count (engine/tp_workers.min_over_ranks) with a different count on each rank
     (40, 25, 10, ...): every rank must get the smallest."""
     return min_over_ranks(40 - 15 * rank, torch.device("cpu"), group())
 

@@ -6,7 +6,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from minivllm.utils.dist import tp_size
+from minivllm.layers.linear import tp_size
 
 
 def group() -> dist.ProcessGroup | None:
