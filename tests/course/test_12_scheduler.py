@@ -128,6 +128,15 @@ def test_eos_finishes_and_frees(tiny_qwen3):
     assert sched.block_manager.num_free_blocks == 20, "Scheduler.finish: KV blocks leaked"
 
 
+def test_add_back_or_front(tiny_qwen3):
+    sched = make(tiny_qwen3, num_blocks=8, budget=32)
+    a, b, c = (Sequence([t] * 3) for t in (5, 6, 7))
+    sched.add(a)
+    sched.add(b)
+    sched.add(c, front=True)
+    assert list(sched.waiting) == [c, a, b], "Scheduler.add: a new sequence waits at the back, front=True at the front"
+
+
 def test_preempt_newest_first(tiny_qwen3):
     sched = make(tiny_qwen3, num_blocks=6, budget=64, block_size=4)
     old, new = Sequence([3] * 12, SamplingParams(max_tokens=20)), Sequence([4] * 12, SamplingParams(max_tokens=20))

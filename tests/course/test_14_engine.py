@@ -23,7 +23,7 @@ SMALL = dict(
     num_kvcache_blocks=48,
     dtype="float32",
 )
-ENGINE = "LLMEngine.add_request / step / _launch / _finish"
+ENGINE = "LLMEngine.add_request / step / _launch / _finish (EngineRequest.output)"
 QUESTIONS = ["What is the capital of France?", "Name three colours.", "What is 12 times 12?"]
 
 
@@ -52,7 +52,9 @@ def test_step_outputs(tiny_qwen3):
             engine.add_request(str(i), p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
         seqs = {rid: r.seqs[0] for rid, r in engine.requests.items()}
         queued = [rid for rid, seq in seqs.items() if seq in engine.scheduler.waiting]
-        assert len(queued) == len(ps), f"LLMEngine.add_request: {len(ps)} requests added, {queued} in the queue"
+        assert len(queued) == len(ps), (
+            f"LLMEngine.add_request / schedule: {len(ps)} requests added, {queued} in the queue"
+        )
         got: dict[str, list[int]] = {str(i): [] for i in range(len(ps))}
         finished: dict[str, str] = {}
         for _ in range(100):

@@ -456,6 +456,11 @@ WRONG += [
         edit=(("self.block_manager.deallocate(seq)\n", ""),),
     ),
     Wrong(
+        "Scheduler.add",
+        "self.waiting.append(seq)",
+        "front ignored: a sequence that must go first (a request's later samples) waits behind newer requests",
+    ),
+    Wrong(
         "Scheduler.preempt",
         "",
         "the victim goes to the back of the queue (FIFO order lost, it waits behind newer requests)",
@@ -563,6 +568,11 @@ WRONG += [
         edit=(("    self.schedule(request)", "    pass"),),
     ),
     Wrong(
+        "LLMEngine.schedule",
+        "pass",
+        "a request's sequences never handed to the scheduler",
+    ),
+    Wrong(
         "LLMEngine._launch",
         "",
         "the scheduler not told of the launch (on_launch skipped): no token is ever expected",
@@ -573,5 +583,11 @@ WRONG += [
         "",
         "reports the token before the one sampled",
         edit=(("request.output(seq, pos, logprobs", "request.output(seq, pos - 1, logprobs"),),
+    ),
+    Wrong(
+        "EngineRequest.output",
+        "",
+        "the token before the one at pos",
+        edit=(("[seq.token_ids[pos]]", "[seq.token_ids[pos - 1]]"),),
     ),
 ]
