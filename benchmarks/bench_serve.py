@@ -9,12 +9,15 @@ tok/s, offline tok/s and their ratio (what the serving layer keeps of the engine
 offline tok/s with at most the level's concurrency of requests at once (`max_num_seqs`), the most a server of no
 cost could deliver at that level. Each level also reports the CPU time per output token of the engine (the core
 process, its TP workers), of the API server (with its tokenizer workers) and of this client: where serving's cost
-goes. Prints a table, writes JSON (and, with --figure, TTFT and TPOT against concurrency).
+goes (the API server: every API-server process and its tokenizer workers, summed). With `--api-server-count 1 4`
+the sweep runs once per count of API-server processes (`minivllm serve --api-server-count`), on the same requests.
+Prints a table, writes JSON (and, with --figure, TTFT and TPOT against concurrency).
 
   python3 benchmarks/bench_serve.py                                  # CPU: the embedded SmolLM2-135M-Instruct
   python3 benchmarks/bench_serve.py --preset cpu                     # CPU: a tiny Qwen3, up to 128 streams
   python3 benchmarks/bench_serve.py --model random-qwen3-0.6b        # GPU: bench.py's random Qwen3-0.6B (bf16)
   python3 benchmarks/bench_serve.py --model random-qwen3-0.6b --request-rate 50 100 200   # + Poisson at 256
+  python3 benchmarks/bench_serve.py --model random-qwen3-0.6b --request-rate 200 --api-server-count 1 4
 
 Targets: on the CPU preset served >= 0.7x offline at 128 streams; on an H200 (random Qwen3-0.6B, 512 in / 128
 out) >= 0.8x at 256 streams, and no concurrency level below the one before it up to 256.
@@ -43,6 +46,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/helpers
 from helpers.benchmark import save_json
 from minivllm.engine.tp_workers import CORE, TP_WORKER, free_port
+from minivllm.serve.api_servers import API_SERVER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANDOM_QWEN3 = "random-qwen3-0.6b"
@@ -80,7 +84,7 @@ def start_server(model: str | None, port: int, server_args: list[str], log_level
     cmd += ["--model", model] if model else []
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "PYTHONFAULTHANDLER": "1"}
     env["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache, before each level
-    with open(log, "w") if log else contextlib.nullcontext() as out:  # the child keeps its own copy of the file
+    with open(log, "a") if log else contextlib.nullcontext() as out:  # the child keeps its own copy of the file
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
     deadline = time.time() + 900  # a GPU engine captures its graphs first
     while True:
@@ -250,6 +254,7 @@ def summarize(results: list[dict], duration: float, concurrency: int, rate: floa
 
 def print_table(levels: list[dict], device: str, model: str) -> None:
     cols = [
+        ("api_server_count", "API srv", "{}"),
         ("concurrency", "conc", "{}"),
         ("request_rate", "rate", "{}"),
         ("completed", "reqs", "{}"),
@@ -286,19 +291,22 @@ def plot(levels: list[dict], path: str, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    conc = [lv["concurrency"] for lv in levels]
+    counts = sorted({lv["api_server_count"] for lv in levels})
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     for ax, name, label in (
         (axes[0], "ttft", "time to first token (ms)"),
         (axes[1], "tpot", "time per output token (ms)"),
     ):
-        for q, style in (("mean", "o-"), ("p50", "s--"), ("p99", "^:")):
-            ax.plot(conc, [lv[f"{q}_{name}_ms"] for lv in levels], style, label=q)
+        for count in counts:
+            mine = [lv for lv in levels if lv["api_server_count"] == count]
+            conc = [lv["concurrency"] for lv in mine]
+            for q, style in (("mean", "o-"), ("p99", "^:")):
+                ax.plot(conc, [lv[f"{q}_{name}_ms"] for lv in mine], style, label=f"{q}, {count} API server(s)")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent requests")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -337,6 +345,32 @@ def offline_throughputs(
         llm.exit()
 
 
+def serve_levels(model: str | None, flags: list[str], args, sweep, prompts_of, warm) -> list[dict]:
+    """Start one server (`flags`), run every level of the sweep on it (a cold prefix cache each), stop it."""
+    port = free_port()
+    server = start_server(model, port, flags, args.server_log_level, args.server_log)
+    url = f"http://127.0.0.1:{port}"
+    levels = []
+    try:
+        served = httpx.get(url + "/v1/models").json()["data"][0]
+        count = len([p for p in psutil.Process(server.pid).children(recursive=True) if p.name() == API_SERVER]) or 1
+        warmup = asyncio.run(run_level(url + "/v1/completions", served["id"], warm, 8, 4, float("inf")))  # JIT
+        check_level(warmup, server, args.server_log, "warm-up at concurrency")
+        meter = CpuMeter(server.pid)
+        for (c, rate), prompts in zip(sweep, prompts_of):
+            httpx.post(url + "/reset_prefix_cache")
+            before = meter.read()
+            level = asyncio.run(run_level(url + "/v1/completions", served["id"], prompts, args.output_len, c, rate))
+            level.update(meter.per_token(before, meter.read(), level["total_output_tokens"]))
+            level.update(api_server_count=count, served_model_name=served["id"])
+            levels.append(level)
+            check_level(levels[-1], server, args.server_log, f"{count} API server(s), concurrency")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=120)
+    return levels
+
+
 PRESETS = {  # --preset cpu: the CPU target's shape (served >= 0.7x offline at 128 streams)
     "cpu": dict(model=TINY_QWEN3, concurrency=[1, 16, 64, 128], input_len=64, output_len=64, num_prompts_per=2),
 }
@@ -357,6 +391,13 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=None, help="requests per level (default: 4 x concurrency)")
     ap.add_argument("--input-len", type=int, default=None)
     ap.add_argument("--output-len", type=int, default=None)
+    ap.add_argument(
+        "--api-server-count",
+        type=int,
+        nargs="+",
+        default=None,
+        help="a sweep of `minivllm serve --api-server-count` values, e.g. 1 4 (default: the server's own default)",
+    )
     ap.add_argument("--server-args", default="", help='extra `minivllm serve` arguments, e.g. "--max-num-seqs 64"')
     ap.add_argument("--no-offline", action="store_true", help="skip the offline LLM.generate runs")
     ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "minivllm"))
@@ -377,52 +418,47 @@ def main() -> None:
     args.output_len = args.output_len or preset.get("output_len") or (128 if gpu else 32)
     per = preset.get("num_prompts_per", 4)
     model = model_dir(args.model, args.cache)
-    port = free_port()
-    server = start_server(model, port, args.server_args.split(), args.server_log_level, args.server_log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        served = httpx.get(url + "/v1/models").json()["data"][0]
-        vocab_top = min(10000, vocab_size(model) - 1)  # random prompt ids, below the model's vocabulary
-        rng = random.Random(0)
-        warm = [[rng.randint(1, vocab_top) for _ in range(args.input_len)] for _ in range(4)]
-        warmup = asyncio.run(run_level(url + "/v1/completions", served["id"], warm, 8, 4, float("inf")))  # JIT
-        check_level(warmup, server, args.server_log, "warm-up at concurrency")
-        meter = CpuMeter(server.pid)
-        levels, prompts_of = [], []
-        sweep = [(c, float("inf")) for c in args.concurrency]
-        sweep += [(max(args.concurrency), rate) for rate in args.request_rate if rate != float("inf")]
-        for c, rate in sweep:
-            n = args.num_prompts or max(per * c, 8)
-            prompts = [[rng.randint(1, vocab_top) for _ in range(args.input_len)] for _ in range(n)]
-            httpx.post(url + "/reset_prefix_cache")
-            before = meter.read()
-            level = asyncio.run(run_level(url + "/v1/completions", served["id"], prompts, args.output_len, c, rate))
-            level.update(meter.per_token(before, meter.read(), level["total_output_tokens"]))
-            levels.append(level)
-            prompts_of.append(prompts)
-            check_level(levels[-1], server, args.server_log)
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=120)
-    if not args.no_offline:  # the server is gone: the engine alone on the same machine, the same requests
+    if args.server_log:  # every server of the sweep appends its output
+        open(args.server_log, "w").close()
+    vocab_top = min(10000, vocab_size(model) - 1)  # random prompt ids, below the model's vocabulary
+    rng = random.Random(0)
+    warm = [[rng.randint(1, vocab_top) for _ in range(args.input_len)] for _ in range(4)]
+    sweep = [(c, float("inf")) for c in args.concurrency]
+    sweep += [(max(args.concurrency), rate) for rate in args.request_rate if rate != float("inf")]
+    prompts_of = []  # each level's requests, the same for every API-server count and for the offline runs
+    for c, _ in sweep:
+        n = args.num_prompts or max(per * c, 8)
+        prompts_of.append([[rng.randint(1, vocab_top) for _ in range(args.input_len)] for _ in range(n)])
+    levels = []
+    for count in args.api_server_count or [None]:  # None: the server's default
+        flags = args.server_args.split() + (["--api-server-count", str(count)] if count is not None else [])
+        levels += serve_levels(model, flags, args, sweep, prompts_of, warm)
+    served_name = levels[0].pop("served_model_name")
+    for level in levels[1:]:
+        level.pop("served_model_name")
+    if not args.no_offline:  # the servers are gone: the engine alone on the same machine, the same requests
         offline = offline_throughputs(model, args.server_args.split(), prompts_of, warm, args.output_len)
-        for level, tps in zip(levels, offline):
-            level.update(offline_output_throughput=tps, served_over_offline=level["output_throughput"] / tps)
+        capped = {}
         if not gpu:  # the engine alone with at most `concurrency` sequences at once: no server can pass this
-            for level, prompts in zip(levels, prompts_of):
-                (tps,) = offline_throughputs(
-                    model, args.server_args.split(), [prompts], warm, args.output_len, level["concurrency"]
+            for (c, rate), prompts in zip(sweep, prompts_of):
+                (capped[c, rate],) = offline_throughputs(
+                    model, args.server_args.split(), [prompts], warm, args.output_len, c
                 )
-                level.update(offline_capped_output_throughput=tps)
+        for i, level in enumerate(levels):
+            tps = offline[i % len(sweep)]
+            level.update(offline_output_throughput=tps, served_over_offline=level["output_throughput"] / tps)
+            if capped:
+                level.update(offline_capped_output_throughput=capped[sweep[i % len(sweep)]])
     else:
         for level in levels:
             level.update(offline_output_throughput=float("nan"), served_over_offline=float("nan"))
     device = torch.cuda.get_device_name() if gpu else "cpu"
-    print_table(levels, device, served["id"])
+    print_table(levels, device, served_name)
     result = dict(
         device=device,
         machine=machine(),
-        model=served["id"],
+        model=served_name,
+        api_server_counts=sorted({lv["api_server_count"] for lv in levels}),
         input_len=args.input_len,
         output_len=args.output_len,
         request_rates=[r for r in args.request_rate if r != float("inf")],
@@ -435,7 +471,7 @@ def main() -> None:
         plot(
             [lv for lv in levels if lv["request_rate"] == "inf"] or levels,
             args.figure,
-            f"minivllm serve on {device}: {served['id']}, {args.input_len} in / {args.output_len} out",
+            f"minivllm serve on {device}: {served_name}, {args.input_len} in / {args.output_len} out",
         )
 
 

@@ -17,12 +17,14 @@
 #               `tp:14` runs only the notebook, `tp:script` only gpu_tp.py (it starts 11 engines: minutes)
 #   serve       the serving, sampling, vLLM-parity and structured-output tests on CUDA (their engines take the GPU
 #               when there is one; `serve:tests` only these), then benchmarks/bench_serve.py on bench.py's random
-#               Qwen3-0.6B at 1-256 streams and Poisson rates 50-200 req/s, each beside offline LLM.generate
-#               (`serve:bench` only this) -> DIR/results/serve_gpu.json and DIR/serve_gpu.png (TTFT and TPOT
-#               against concurrency), the server's own log in DIR/serve_server.log
-#   serve:cpu   bench_serve.py --preset cpu with CUDA hidden: the CPU serving target (>= 0.7x offline at 128 streams)
-#               on the GPU host's many cores, where client, API server and engine core each get cores of their own
-#               (the 2-core development machine cannot give them that)   -> DIR/results/serve_cpu_preset_host.json
+#               Qwen3-0.6B at 16, 64 and 256 streams and Poisson 200 req/s, with 1 and with 4 API-server processes
+#               (--api-server-count), each beside offline LLM.generate on the same requests (`serve:bench` only
+#               this) -> DIR/results/serve_gpu.json and DIR/serve_gpu.png (TTFT and TPOT against concurrency),
+#               the servers' own log in DIR/serve_server.log
+#   serve:cpu   bench_serve.py --preset cpu with CUDA hidden, 1 and 4 API servers: the CPU serving target (>= 0.7x
+#               offline at 128 streams) on the GPU host's many cores, where client, API servers and engine core
+#               each get cores of their own (the 2-core development machine cannot give them that)
+#               -> DIR/results/serve_cpu_preset_host.json
 #   bench       python3 bench.py --structured json (TP=1, nano-vllm's workload, and a run with a JSON schema on
 #               every request)                                  -> DIR/results/first_run_gpu.json
 #   bench-tp2   python3 bench.py --tp 2 (two GPUs)                  -> DIR/results/first_run_gpu_tp2.json
@@ -123,16 +125,16 @@ for part in "${parts[@]}"; do
     serve|serve:tests|serve:bench)
       if [ "$part" != serve:bench ]; then
         run_part serve-tests "${PYTEST[@]}" tests/test_server.py tests/test_server_core.py tests/test_async_engine.py \
-          tests/test_offline_api.py tests/test_sampling_features.py tests/test_vllm_parity.py \
+          tests/test_api_servers.py tests/test_offline_api.py tests/test_sampling_features.py tests/test_vllm_parity.py \
           tests/test_structured_outputs.py
       fi
       if [ "$part" != serve:tests ]; then
-        run_part serve-bench python3 benchmarks/bench_serve.py --model random-qwen3-0.6b --request-rate 50 100 200 \
-          --out "$out/results/serve_gpu.json" --figure "$out/serve_gpu.png" \
+        run_part serve-bench python3 benchmarks/bench_serve.py --model random-qwen3-0.6b --concurrency 16 64 256 \
+          --request-rate 200 --api-server-count 1 4 --out "$out/results/serve_gpu.json" --figure "$out/serve_gpu.png" \
           --server-log "$out/serve_server.log" --server-log-level info
       fi ;;
     serve:cpu)
-      run_part serve-cpu env CUDA_VISIBLE_DEVICES= python3 benchmarks/bench_serve.py --preset cpu \
+      run_part serve-cpu env CUDA_VISIBLE_DEVICES= python3 benchmarks/bench_serve.py --preset cpu --api-server-count 1 4 \
         --out "$out/results/serve_cpu_preset_host.json" ;;
     bench)
       run_part bench python3 bench.py --structured json --out "$out/results/first_run_gpu.json" ;;

@@ -373,21 +373,25 @@ def test_keep_alive_timeout_reaches_uvicorn(tiny_qwen3, monkeypatch, capsys):
     assert cli.parse_serve_args([]).timeout_keep_alive == openai_server.TIMEOUT_KEEP_ALIVE == 60
     seen = {}
 
-    def run(server):  # uvicorn's serving loop, replaced: what it was configured with is what matters here
+    def run(server, sockets=None):  # uvicorn's serving loop, replaced: what it was configured with is what matters
         seen.update(keep_alive=server.config.timeout_keep_alive, port=server.config.port, seed=server.llm.info.seed)
 
     monkeypatch.setattr(launcher.Server, "run", run)
     port = free_port()
-    assert serve_main(["--model", tiny_qwen3, "--port", str(port), "--timeout-keep-alive", "42", "--seed", "3"]) == 0
+    flags = ["--timeout-keep-alive", "42", "--seed", "3", "--api-server-count", "1"]
+    assert serve_main(["--model", tiny_qwen3, "--port", str(port), *flags]) == 0
     assert seen == {"keep_alive": 42.0, "port": port, "seed": 3}
     assert serve_main(["--model", tiny_qwen3, "--timeout-keep-alive", "0"]) == 2
     assert "--timeout-keep-alive must be > 0 seconds, got 0.0" in capsys.readouterr().err
 
 
-def start_server(model: str, port: int, *flags: str) -> subprocess.Popen:
+def start_server(model: str, port: int, *flags: str, env: dict | None = None) -> subprocess.Popen:
+    """`minivllm serve` in a subprocess, once /health answers; one API server unless `flags` say otherwise (the
+    default depends on the host's cores)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, **(env or {}), "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, "-m", "minivllm", "serve", "--model", model, "--port", str(port), "--max-model-len", "512"]
+    cmd += [] if "--api-server-count" in flags else ["--api-server-count", "1"]
     proc = subprocess.Popen(
         [*cmd, "--device", "cpu", "--log-level", "warning", *flags], env=env, stderr=subprocess.PIPE, text=True
     )

@@ -373,3 +373,23 @@ def test_the_engine_processes_are_named(server):
     httpx.post(server.url + "/tokenize", json=dict(prompt="hello"))  # the tokenizer pool's workers are up
     names = [p.name() for p in psutil.Process().children(recursive=True)]
     assert "minivllm-tok" in names, names
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_chunk_template_writes_the_dict_paths_json(chat):
+    """The streaming fast path (sse.ChunkTemplate: the head encoded once, bytes around each text) writes the same
+    event as encoding the chunk's dict, for any text, finish reason and stop reason."""
+    from minivllm.serve.sse import ChunkTemplate, sse
+
+    head = dict(id="cmpl-1", object="chat.completion.chunk" if chat else "text_completion", created=7, model='m"1')
+    template = ChunkTemplate(head, chat)
+    for index, text, finish, stop in [
+        (0, "", None, None),
+        (3, ' "quoted" \\ é 中 \n\t\u2028', None, None),
+        (1, "end", "stop", 42),
+        (2, "", "stop", "</s>"),
+        (0, "x", "length", None),
+    ]:
+        body = dict(delta=dict(content=text)) if chat else dict(text=text)
+        choice = dict(index=index, **body, logprobs=None, finish_reason=finish, stop_reason=stop)
+        assert template.event(index, text, finish, stop) == sse(dict(**head, choices=[choice]))

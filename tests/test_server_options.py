@@ -25,6 +25,7 @@ def test_serve_flags_reach_the_server_options(tiny_qwen3, monkeypatch, capsys):
     monkeypatch.setenv("VLLM_SERVER_DEV_MODE", "1")
     flags = ["--api-key", "k1", "k2", "--allowed-origins", '["http://a.example"]', "--allowed-methods", '["POST"]']
     flags += ["--allowed-headers", '["Authorization"]', "--allow-credentials", "--trust-request-chat-template"]
+    flags += ["--api-server-count", "1"]  # (this process runs the server; the default depends on the cores)
     assert cli.serve_main(["--model", tiny_qwen3, "--port", str(free_port()), *flags]) == 0
     assert seen["options"] == ServerOptions(
         api_keys=["k1", "k2"],
@@ -37,7 +38,7 @@ def test_serve_flags_reach_the_server_options(tiny_qwen3, monkeypatch, capsys):
     )
     monkeypatch.setenv("VLLM_API_KEY", "from-env")
     monkeypatch.delenv("VLLM_SERVER_DEV_MODE")
-    assert cli.serve_main(["--model", tiny_qwen3, "--port", str(free_port())]) == 0
+    assert cli.serve_main(["--model", tiny_qwen3, "--port", str(free_port()), "--api-server-count", "1"]) == 0
     assert seen["options"] == ServerOptions(api_keys=["from-env"])  # vLLM's defaults: CORS open, no trust, no dev
     with pytest.raises(SystemExit):
         cli.parse_serve_args(["--allowed-origins", "*"])

@@ -65,3 +65,8 @@ class Detokenizer:
     def visible(self, finished: bool) -> str:
         """The text a stream may show now (all of it once finished)."""
         return self.text if finished or not self.hold else self.text[: max(0, len(self.text) - self.hold)]
+
+    def visible_since(self, start: int, finished: bool) -> str:
+        """visible(finished)[start:], without copying the text before `start` (a stream's next piece)."""
+        end = len(self.text) if finished or not self.hold else max(0, len(self.text) - self.hold)
+        return self.text[start:end]

@@ -191,10 +191,17 @@ class OutputProcessor:
         )
 
     def delta(self, seq: SequenceState) -> CompletionOutput:
-        """What is new in `seq` since its last output (DELTA)."""
-        c = self.completion(seq)
+        """What is new in `seq` since its last output (DELTA; a DELTA request always has a detokenizer). Only the
+        new part is copied: a streamed token costs the same at the 10th token and the 10,000th."""
         tokens, chars = seq.num_sent_tokens, seq.num_sent_chars
-        seq.num_sent_tokens, seq.num_sent_chars = len(c.token_ids), len(c.text)
-        c.token_ids, c.text = c.token_ids[tokens:], c.text[chars:]
-        c.logprobs = c.logprobs[tokens:] if c.logprobs is not None else None
-        return c
+        text = seq.detokenizer.visible_since(chars, seq.finish_reason is not None)
+        seq.num_sent_tokens, seq.num_sent_chars = len(seq.token_ids), chars + len(text)
+        return CompletionOutput(
+            index=seq.index,
+            text=text,
+            token_ids=seq.token_ids[tokens:],
+            cumulative_logprob=seq.cumulative_logprob if seq.logprobs is not None else None,
+            logprobs=seq.logprobs[tokens:] if seq.logprobs is not None else None,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+        )

@@ -26,6 +26,13 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="weights and activations")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="default: CUDA if there is a GPU per TP rank")
     p.add_argument("--seed", type=int, help="the sampler's seed for requests without their own")
+    p.add_argument(
+        "--api-server-count",
+        "-asc",
+        type=int,
+        metavar="N",
+        help="API-server processes sharing the port and the one engine core (default: one per 4 CPU cores, 1 to 4)",
+    )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument(
         "--timeout-keep-alive",
@@ -93,7 +100,17 @@ def serve_main(argv: list[str]) -> int:
     fail = lambda message: print(f"minivllm serve: error: {message}", file=sys.stderr) or 2
     if args.timeout_keep_alive <= 0:
         return fail(f"--timeout-keep-alive must be > 0 seconds, got {args.timeout_keep_alive}")
-    if not port_free(args.host, args.port):  # before the engine takes its seconds to start
+    from minivllm.serve.api_servers import default_api_server_count, listen
+
+    count = args.api_server_count if args.api_server_count is not None else default_api_server_count()
+    if count < 1:
+        return fail(f"--api-server-count must be >= 1, got {count}")
+    sock = None
+    try:  # before the engine takes its seconds to start; several API servers share the parent's socket
+        sock = listen(args.host, args.port) if count > 1 else None
+    except OSError:
+        pass
+    if (count > 1 and sock is None) or (count == 1 and not port_free(args.host, args.port)):
         return fail(f"cannot listen on {args.host}:{args.port}: the address is in use or not available")
     from minivllm.serve.messages import EngineDeadError
     from minivllm.serve.openai_server import run_server  # FastAPI and uvicorn: only when serving
@@ -114,17 +131,14 @@ def serve_main(argv: list[str]) -> int:
 
         args.model = default_model_dir()
     engine_args = {k: getattr(args, k) for k in ENGINE_ARGS if getattr(args, k) is not None}
+    serve = dict(model=args.model, host=args.host, port=args.port, served_model_name=name)
+    serve.update(log_level=args.log_level, timeout_keep_alive=args.timeout_keep_alive, options=options)
+    if sock is not None:  # several API-server processes (api_servers.py)
+        from minivllm.serve.api_servers import run_multi_api_server
+
+        return run_multi_api_server(sock, count, engine_args, serve)
     try:
-        run_server(
-            args.model,
-            host=args.host,
-            port=args.port,
-            served_model_name=name,
-            log_level=args.log_level,
-            timeout_keep_alive=args.timeout_keep_alive,
-            options=options,
-            **engine_args,
-        )
+        run_server(**serve, **engine_args)
     except EngineDeadError as e:  # the core died while serving: exit non-zero, for a supervisor to restart us
         print(f"minivllm serve: {e}", file=sys.stderr)
         return 1

@@ -13,15 +13,16 @@ sentinel is polled beside the socket): a dead core ends every open stream with E
 `is_running` turns False (/health: 503). A step's outputs reach an event loop in one call_soon_threadsafe.
 One lock guards the output processor, the streams and the sending socket, shared by the event loops that call
 generate() and the output thread (which tells the core to end sequences that hit a stop string). shutdown()
-asks the core to stop (it aborts what runs, stops its TP workers, exits), then waits for it."""
+asks the core to stop (it aborts what runs, stops its TP workers, exits), then waits for it; one of several API
+servers (api_servers.py) shares the core: it aborts its own requests and leaves, the parent stops the core."""
 
 import asyncio
 import atexit
 import itertools
+import os
 import threading
 import weakref
 from collections.abc import AsyncIterator
-from contextlib import aclosing
 
 import zmq
 from transformers import AutoConfig
@@ -33,16 +34,18 @@ from minivllm.frontend.processor import Processor
 from minivllm.frontend.requests import Request
 from minivllm.sampling_params import SamplingParams
 from minivllm.serve import messages as m
-from minivllm.serve.core_process import CoreProcess
+from minivllm.serve.core_process import AttachedCore, CoreProcess
 from minivllm.serve.messages import EngineDeadError
 from minivllm.serve.output_collector import RequestOutputCollector
 
 
 class AsyncMPClient:
-    def __init__(self, model: str, **engine_args) -> None:
-        """Start an engine core on `model` in a new process and wait until it is ready (its error, if not)."""
+    def __init__(self, model: str, core: AttachedCore | None = None, **engine_args) -> None:
+        """Start an engine core on `model` in a new process, or talk to the one `core` reaches (one of several API
+        servers, api_servers.py), and wait until it is ready (its error, if not)."""
         self.engine_args = dict(engine_args)
-        self.core = CoreProcess(model, self.engine_args)
+        self.core = core if core is not None else CoreProcess(model, self.engine_args)
+        self.wake_r, self.wake_w = os.pipe()  # shutdown() wakes the output thread (the core may not end)
         self.lock = threading.Lock()
         self.streams: dict[str, tuple[asyncio.AbstractEventLoop, RequestOutputCollector]] = {}  # by request id
         self.calls: dict[int, tuple] = {}  # utility call id -> (loop, future)
@@ -56,6 +59,8 @@ class AsyncMPClient:
         except BaseException:
             self.core.stop(timeout=10)
             self.core.close()
+            os.close(self.wake_r)
+            os.close(self.wake_w)
             raise
         self.model, self.max_model_len = self.info.model, self.info.max_model_len
         self.tokenizer_dir = self.info.tokenizer
@@ -83,11 +88,14 @@ class AsyncMPClient:
         token ids it tokenised off the event loop."""
         if self.closed:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
-        return self._stream(self.processor.process(request_id, prompt, sampling_params))
+        request = self.processor.process(request_id, prompt, sampling_params)
+        queue = RequestOutputCollector(request.params.output_kind)  # merges DELTA outputs a slow reader has not taken
+        rid = request.request_id  # (the collector's own generator: no layer in between on every token)
+        return queue.outputs(abort=lambda: self.abort(rid), start=lambda: self._add(request, queue))
 
-    async def _stream(self, request: Request):
+    def _add(self, request: Request, queue: RequestOutputCollector) -> None:
+        """Queue the request in the core (at its stream's first iteration, on the event loop)."""
         rid = request.request_id
-        queue = RequestOutputCollector(request.params.output_kind)  # merges DELTA outputs a slow consumer has not taken
         try:
             add = m.AddRequest.make(rid, request.prompt_token_ids, request.params)
         except RecursionError:  # e.g. a JSON schema nested hundreds deep: pickle cannot carry it
@@ -98,9 +106,6 @@ class AsyncMPClient:
             self.output_processor.add_request(request)  # (ValueError: the id is in use)
             self.streams[rid] = (asyncio.get_running_loop(), queue)
             self.core.send(add)
-        async with aclosing(queue.outputs(abort=lambda: self.abort(rid))) as outputs:  # aborts at once
-            async for output in outputs:
-                yield output
 
     def abort(self, request_id: str | list[str]) -> None:
         """Abort requests (thread-safe; unknown ids are ignored); the core frees their blocks."""
@@ -139,19 +144,24 @@ class AsyncMPClient:
             return
         self.stopping = True
         with self.lock:  # (the core's last outputs, each stream's "abort", still reach their streams)
-            self.core.send(m.Shutdown())
+            self.core.send(m.Shutdown() if self.core.owned else m.AbortAll())  # (a shared core: this one's only)
         self.core.stop(timeout)
+        if not self.core.owned:  # the core goes on (the parent stops it): wake the output thread
+            os.write(self.wake_w, b"x")
         if self.thread.is_alive() and threading.current_thread() is not self.thread:
             self.thread.join(timeout)
         self._close(EngineDeadError("the engine was shut down"))
         self.core.close()
+        os.close(self.wake_r)
+        os.close(self.wake_w)
 
     # --- the output thread ----------------------------------------------------------------------------------
 
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self.core.output, zmq.POLLIN)
-        poller.register(self.core.process.sentinel, zmq.POLLIN)
+        poller.register(self.core.sentinel, zmq.POLLIN)
+        poller.register(self.wake_r, zmq.POLLIN)
         while True:
             events = dict(poller.poll())
             if self.core.output in events:
@@ -161,10 +171,8 @@ class AsyncMPClient:
                     except zmq.Again:
                         break
                     self._process(msg)
-            elif events:  # the core's process ended, its last messages read
-                self.core.process.join(1)
-                code = self.core.process.exitcode
-                why = "was shut down" if self.stopping else f"core process exited with code {code}"
+            elif events:  # the core's process ended (its last messages read), or shutdown() woke this thread
+                why = "was shut down" if self.stopping else self.core.exit_reason()
                 self._close(EngineDeadError(f"the engine {why}"))
                 return
 

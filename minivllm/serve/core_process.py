@@ -1,10 +1,18 @@
-"""The engine-core process and its two sockets, as the API server's client holds them (core_client.py):
-spawned with multiprocessing (its entry point, core.run_engine_core, lives in the package), connected over
-ZeroMQ IPC sockets in a private temporary directory (PUSH to the core, PULL from it, both without a
-high-water mark so that neither side ever waits for the other to read), stopped and cleaned up."""
+"""The engine-core process and the two sockets an API server's client holds to it (core_client.py): ZeroMQ IPC
+sockets in a private temporary directory (PUSH to the core, PULL from it, both without a high-water mark so that
+neither side ever waits for the other to read). The API server binds them; the core connects.
+
+Two ways to have a core:
+- `CoreProcess`: `minivllm serve` with one API server. It spawns the core itself (multiprocessing; the entry
+  point, core.run_engine_core, lives in the package), watches it through its process sentinel, stops it and
+  removes the directory.
+- `AttachedCore`: one of N API-server processes (api_servers.py). The parent started the core and owns the
+  directory; this API server binds its own pair (`client_addresses(dir, i)`) and watches the core through a pidfd,
+  which, like a sentinel, becomes readable when the process ends, also for a process that is not its child."""
 
 import multiprocessing as mp
 import os
+import select
 import shutil
 import tempfile
 import time
@@ -17,10 +25,29 @@ from minivllm.serve.core import run_engine_core
 START_TIMEOUT = 1800.0  # a GPU engine profiles memory and captures CUDA graphs before it is ready
 
 
-class CoreProcess:
-    def __init__(self, model: str, engine_args: dict) -> None:
-        self.ipc_dir = tempfile.mkdtemp(prefix="minivllm-core-")
-        inp, out = f"ipc://{self.ipc_dir}/input", f"ipc://{self.ipc_dir}/output"
+def client_addresses(ipc_dir: str, index: int) -> tuple[str, str]:
+    """API server `index`'s (input, output) socket addresses: what it sends to the core, what it reads back."""
+    return f"ipc://{ipc_dir}/input-{index}", f"ipc://{ipc_dir}/output-{index}"
+
+
+def spawn_core(model: str, engine_args: dict, ipc_dir: str, num_clients: int) -> mp.Process:
+    """Start the engine core for `num_clients` API servers; it exits when this process is gone."""
+    clients = [client_addresses(ipc_dir, i) for i in range(num_clients)]
+    process = mp.get_context("spawn").Process(
+        target=run_engine_core, args=(model, engine_args, clients, os.getpid()), name="minivllm-engine-core"
+    )
+    process.start()
+    return process
+
+
+class CoreSockets:
+    """An API server's pair of sockets to the core; subclasses say how the core's death is seen (`sentinel`)."""
+
+    sentinel: int  # a file descriptor readable once the core process has ended
+
+    def __init__(self, ipc_dir: str, index: int) -> None:
+        self.ipc_dir = ipc_dir
+        inp, out = client_addresses(ipc_dir, index)
         self.ctx = zmq.Context()
         self.input, self.output = self.ctx.socket(zmq.PUSH), self.ctx.socket(zmq.PULL)
         self.input.setsockopt(zmq.SNDHWM, 0)
@@ -28,10 +55,12 @@ class CoreProcess:
         self.input.bind(inp)
         self.output.bind(out)
         self.enc, self.dec = m.encoder(), m.decoder(m.FromCore)
-        self.process = mp.get_context("spawn").Process(
-            target=run_engine_core, args=(model, engine_args, inp, out, os.getpid()), name="minivllm-engine-core"
-        )
-        self.process.start()
+
+    def alive(self) -> bool:
+        return not select.select([self.sentinel], [], [], 0)[0]
+
+    def exit_reason(self) -> str:
+        return "core process exited"
 
     def wait_ready(self) -> m.Ready:
         """The core's Ready message; RuntimeError with the core's reason when it could not start."""
@@ -42,17 +71,37 @@ class CoreProcess:
                 if ready.error is not None:
                     raise RuntimeError(f"the engine core failed to start: {ready.error}")
                 return ready
-            if not self.process.is_alive():
-                raise RuntimeError(f"the engine core process exited with code {self.process.exitcode} at start")
+            if not self.alive():
+                raise RuntimeError(f"the engine {self.exit_reason()} at start")
         raise RuntimeError(f"the engine core was not ready in {START_TIMEOUT:.0f} s")
 
     def send(self, msg) -> None:
         """Send to the core. Without a peer (the core died) the message is dropped: the client's output thread
-        sees the death (the process sentinel) and ends every stream."""
+        sees the death (the sentinel) and ends every stream."""
         try:
             self.input.send(self.enc.encode(msg), zmq.NOBLOCK)
         except zmq.Again:
             pass
+
+    def close(self) -> None:
+        self.input.close(linger=0)
+        self.output.close(linger=0)
+        self.ctx.term()
+
+
+class CoreProcess(CoreSockets):
+    """The core of a server with one API server: started, stopped and cleaned up here."""
+
+    owned = True  # shutting the client down stops the core
+
+    def __init__(self, model: str, engine_args: dict) -> None:
+        super().__init__(tempfile.mkdtemp(prefix="minivllm-core-"), 0)
+        self.process = spawn_core(model, engine_args, self.ipc_dir, 1)
+        self.sentinel = self.process.sentinel
+
+    def exit_reason(self) -> str:
+        self.process.join(1)
+        return f"core process exited with code {self.process.exitcode}"
 
     def stop(self, timeout: float = 60) -> None:
         """Ask the core to stop (it aborts its requests, stops its TP workers and exits); wait for it, then
@@ -68,7 +117,23 @@ class CoreProcess:
             self.process.join(5)
 
     def close(self) -> None:
-        self.input.close(linger=0)
-        self.output.close(linger=0)
-        self.ctx.term()
+        super().close()
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+
+class AttachedCore(CoreSockets):
+    """The core of a server with several API servers, as API server `index` sees it: the parent started it and
+    stops it (api_servers.py); this one only talks to it and watches it."""
+
+    owned = False
+
+    def __init__(self, ipc_dir: str, index: int, core_pid: int) -> None:
+        self.sentinel = os.pidfd_open(core_pid)  # (ProcessLookupError: the core is gone already)
+        super().__init__(ipc_dir, index)
+
+    def stop(self, timeout: float = 60) -> None:
+        pass  # the parent stops the core once every API server has left
+
+    def close(self) -> None:
+        super().close()
+        os.close(self.sentinel)

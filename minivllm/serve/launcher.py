@@ -8,15 +8,19 @@ fresh one; this does the same. The core's death has ended every open stream with
 within a tick (0.1 s) the server stops listening, gives the connections `DEAD_GRACE` seconds, stops the tokenizer
 workers, and `run_server` raises EngineDeadError: `minivllm serve` exits with status 1, within 5 s of the death."""
 
+import os
+import signal
+
 import uvicorn
 
 DEAD_GRACE = 2.0  # seconds the connections get to close after the engine died (their streams have ended)
 
 
 class Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, llm) -> None:
+    def __init__(self, config: uvicorn.Config, llm, parent_pid: int | None = None) -> None:
         super().__init__(config)
         self.llm = llm
+        self.parent_pid = parent_pid  # one of several API servers: the process that started it (api_servers.py)
         self.engine_died = False  # the watchdog stopped the server: the engine core died
 
     def handle_exit(self, sig, frame) -> None:
@@ -29,4 +33,6 @@ class Server(uvicorn.Server):
             self.engine_died = True
             self.config.timeout_graceful_shutdown = DEAD_GRACE
             return True
+        if self.parent_pid is not None and os.getppid() != self.parent_pid and not self.should_exit:
+            self.handle_exit(signal.SIGTERM, None)  # the parent was killed: leave as on SIGTERM
         return await super().on_tick(counter)

@@ -7,12 +7,21 @@ registry of the server's own (two servers in one process never share counts):
   `vllm:generation_tokens_total`, `vllm:request_success_total{finished_reason}`, and the histograms
   `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds` (the gaps between a request's
   outputs, per token) and `vllm:e2e_request_latency_seconds`. A request answered in one piece (no stream)
-  has no first-token or inter-token time to observe here."""
+  has no first-token or inter-token time to observe here.
 
+With several API-server processes (`--api-server-count N`) each counts its own requests, and /metrics, whichever
+process answers, reports the whole server: as vLLM, prometheus_client's multiprocess mode (each process writes its
+counts to files in PROMETHEUS_MULTIPROC_DIR, set before it imports prometheus_client, api_servers.py; a scrape
+sums them). The gauges and the preemptions are the engine core's numbers, the same in every API server (core.py
+sends them to each when they change): read, not summed. `minivllm:api_server_requests` counts the requests each
+API-server process took (with several, one series per process, labelled with its pid)."""
+
+import os
 import time
 from collections.abc import AsyncIterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from minivllm.frontend.outputs import RequestOutput
 
@@ -21,21 +30,43 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0)
 
 
+class CoreGauges:
+    """The engine core's gauges and preemption count, read at each scrape (a custom collector)."""
+
+    def __init__(self, llm, model_name: str) -> None:
+        self.llm, self.model_name = llm, model_name
+
+    def collect(self):
+        stats = self.llm.stats
+        for name, doc, value in (
+            ("vllm:num_requests_running", "Requests in the running batch.", stats.num_running),
+            ("vllm:num_requests_waiting", "Requests waiting to be scheduled.", stats.num_waiting),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", stats.kv_cache_usage),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([self.model_name], value)
+            yield family
+        family = CounterMetricFamily("vllm:num_preemptions", "Preempted sequences.", labels=["model_name"])
+        family.add_metric([self.model_name], stats.num_preemptions)
+        yield family
+
+
 class ServerMetrics:
     def __init__(self, llm, model_name: str) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = CollectorRegistry()  # this process's metrics (multiprocess mode: also in the files)
+        self.view = self.registry  # what a scrape renders
+        if "PROMETHEUS_MULTIPROC_DIR" in os.environ:  # several API servers: every process's counts, summed
+            self.view = CollectorRegistry()
+            multiprocess.MultiProcessCollector(self.view)
+        self.view.register(CoreGauges(llm, model_name))
         label = dict(model_name=model_name)
         reg = dict(labelnames=["model_name"], registry=self.registry)
-        gauges = (
-            ("vllm:num_requests_running", "Requests in the running batch.", lambda: llm.stats.num_running),
-            ("vllm:num_requests_waiting", "Requests waiting to be scheduled.", lambda: llm.stats.num_waiting),
-            ("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", lambda: llm.stats.kv_cache_usage),
+        self.requests = Gauge(  # (multiprocess mode "all": a series per process, labelled with its pid)
+            "minivllm:api_server_requests",
+            "Requests this API-server process took.",
+            multiprocess_mode="all",
+            registry=self.registry,
         )
-        for name, doc, read in gauges:
-            Gauge(name, doc, **reg).labels(**label).set_function(read)
-        self.preemptions = Counter("vllm:num_preemptions", "Preempted sequences.", **reg).labels(**label)
-        self.seen_preemptions = 0
-        self.llm = llm
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens of requests.", **reg).labels(**label)
         self.generation_tokens = Counter("vllm:generation_tokens", "Generated tokens.", **reg).labels(**label)
         self.success = Counter(
@@ -51,11 +82,7 @@ class ServerMetrics:
         self.e2e = hist("vllm:e2e_request_latency_seconds", "Request latency, arrival to finish.", E2E_BUCKETS)
 
     def render(self) -> bytes:
-        preemptions = self.llm.stats.num_preemptions
-        if preemptions > self.seen_preemptions:
-            self.preemptions.inc(preemptions - self.seen_preemptions)
-            self.seen_preemptions = preemptions
-        return generate_latest(self.registry)
+        return generate_latest(self.view)
 
     async def observe(self, stream: AsyncIterator[RequestOutput], streaming: bool) -> AsyncIterator[RequestOutput]:
         """`stream`, its outputs counted as they pass (the latencies only of a streamed request, whose outputs
@@ -66,6 +93,7 @@ class ServerMetrics:
             async for output in stream:
                 now = time.monotonic()
                 if first:
+                    self.requests.inc()
                     self.prompt_tokens.inc(len(output.prompt_token_ids))
                     first = False
                 tokens = sum(len(c.token_ids) for c in output.outputs)

@@ -14,7 +14,8 @@ closes its streams, which aborts its requests (async_llm.py): their blocks are f
 SIGINT / SIGTERM abort every request first (streams end with finish_reason "abort"), then uvicorn closes
 the connections and the engine stops with its TP workers (`run_server`); a dead engine core stops the server too
 (launcher.py). Every error, FastAPI's own included, is in OpenAI's shape (http_errors.py); API keys, CORS, request
-chat templates and the development endpoints are the operator's options (server_options.py)."""
+chat templates and the development endpoints are the operator's options (server_options.py). With
+`--api-server-count N` each of N processes runs this app on one shared socket (api_servers.py)."""
 
 import asyncio
 import signal
@@ -43,13 +44,10 @@ from minivllm.serve.tokens import add_token_routes
 
 # How long an idle keep-alive connection stays open (uvicorn's and vLLM's default: 5 s). Longer here: an engine
 # in this process (AsyncLLM without its own core process) shares the GIL, and a kernel compiling inside it can hold
-# the GIL for seconds. When the event loop resumes after such a stall it may run an expired keep-alive timer
-# before reading the client's next request, already in the socket: the connection is reset and the request is
-# lost without a line in the log. `scripts/serve_stall.py` shows it on CPU (a 7 s stall: 40 of 160 requests lost
-# with 5 s, none with 60 s; benchmarks/RESULTS.md).
+# the GIL for seconds; after such a stall the event loop may run an expired keep-alive timer before reading the
+# client's next request, already in the socket, and lose it silently (`scripts/serve_stall.py`: a 7 s stall lost
+# 40 of 160 requests with 5 s, none with 60 s; benchmarks/RESULTS.md).
 TIMEOUT_KEEP_ALIVE = 60.0
-
-# --- pieces of the responses -------------------------------------------------------------------------------
 
 
 def build_app(
@@ -183,25 +181,24 @@ def run_server(
     log_level: str = "info",
     timeout_keep_alive: float = TIMEOUT_KEEP_ALIVE,
     options: ServerOptions | None = None,
+    llm: AsyncLLM | None = None,
+    sockets: list | None = None,
+    parent_pid: int | None = None,
     **engine_args,
 ) -> None:
     """Serve until SIGINT / SIGTERM; then the requests are aborted, the connections closed, the engine core
     process and its TP workers stopped, and this returns (uvicorn re-raises the signal it caught: it finds a
-    no-op here). If the engine core dies, the server stops and this raises EngineDeadError (launcher.py)."""
-    llm = AsyncLLM(model, multiprocess=True, **engine_args)
+    no-op here). If the engine core dies, the server stops and this raises EngineDeadError (launcher.py).
+    One of several API servers (api_servers.py) brings its client of the shared core (`llm`), the listening
+    socket (`sockets`) and its parent's pid (it stops when the parent is gone)."""
+    llm = llm if llm is not None else AsyncLLM(model, multiprocess=True, **engine_args)
     app = build_app(llm, served_model_name or model, owns_engine=True, options=options)
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level,
-        timeout_keep_alive=timeout_keep_alive,
-        timeout_graceful_shutdown=10,
-    )
+    keep_alive = dict(timeout_keep_alive=timeout_keep_alive, timeout_graceful_shutdown=10)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, **keep_alive)
     previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
-    server = Server(config, llm)
+    server = Server(config, llm, parent_pid)
     try:
-        server.run()
+        server.run(sockets=sockets)
     finally:
         llm.shutdown()  # (done already by the app's shutdown, unless uvicorn failed to start)
         for s, handler in previous.items():

@@ -17,12 +17,13 @@ class RequestOutputCollector:
     (it holds everything so far). So a slow client gets fewer, larger chunks instead of a growing backlog. An
     exception replaces what waits and ends the stream."""
 
-    __slots__ = ("delta", "output", "ready")
+    __slots__ = ("delta", "output", "waiter")
 
     def __init__(self, kind: RequestOutputKind) -> None:
         self.delta = kind == DELTA
         self.output: RequestOutput | BaseException | None = None
-        self.ready = asyncio.Event()
+        self.waiter: asyncio.Future | None = None  # the consumer's, while it waits (one future, not an Event:
+        # this runs for every token of every stream, and an Event's set / wait / clear cost several times more)
 
     def put_nowait(self, output: RequestOutput | BaseException) -> None:
         waiting = self.output
@@ -32,18 +33,25 @@ class RequestOutputCollector:
             self.output = output
         else:
             self.output = merge_deltas(waiting, output)
-        self.ready.set()
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
     async def get(self) -> RequestOutput | BaseException:
         while self.output is None:
-            await self.ready.wait()
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
         output, self.output = self.output, None
-        self.ready.clear()
         return output
 
-    async def outputs(self, abort) -> AsyncIterator[RequestOutput]:
-        """The request's outputs up to its final one (an exception put here is raised). A consumer that leaves
-        before the end (closed, cancelled, or an error) calls `abort()`, which frees the request's blocks."""
+    async def outputs(self, abort, start=None) -> AsyncIterator[RequestOutput]:
+        """The request's outputs up to its final one (an exception put here is raised). `start()`, if given, runs at
+        the first iteration and queues the request (its error ends the iteration: nothing to abort). A consumer
+        that leaves before the end (closed, cancelled, or an error) calls `abort()`, which frees its blocks."""
+        if start is not None:
+            start()
         finished = False
         try:
             while not finished:

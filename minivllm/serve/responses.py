@@ -9,13 +9,13 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-import msgspec
 from fastapi.responses import JSONResponse
 
 from minivllm.frontend.outputs import CompletionOutput, RequestOutput
 from minivllm.serve.http_errors import error_body, error_response
 from minivllm.serve.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs_part
 from minivllm.serve.messages import EngineDeadError, RequestFailedError
+from minivllm.serve.sse import ChunkTemplate, sse
 
 logger = logging.getLogger("minivllm.serve")
 
@@ -28,13 +28,6 @@ def failure(e: Exception) -> tuple[str | None, int]:
     if not isinstance(e, (EngineDeadError, RequestFailedError)):
         logger.error("a request's stream failed", exc_info=e)
     return None, 500
-
-
-_json = msgspec.json.Encoder()  # a chunk's JSON several times faster than json.dumps (one chunk per token)
-
-
-def sse(data) -> bytes:
-    return b"data: " + (_json.encode(data) if not isinstance(data, str) else data.encode()) + b"\n\n"
 
 
 async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -88,6 +81,7 @@ class Completions:
     """One /v1/completions request: its engine streams turned into a response or into SSE chunks."""
 
     object, chunk_object = "text_completion", "text_completion"
+    chat = False
 
     def __init__(self, body, rid: str, model: str, streams: list, echo: list[str] | None, tokenizer=None) -> None:
         self.body, self.rid, self.model, self.streams, self.echo = body, rid, model, streams, echo
@@ -149,30 +143,53 @@ class Completions:
     def response(self, choices: list[dict]) -> dict:
         return dict(**self.head(self.object), choices=choices, usage=usage(self.prompt_tokens, self.completion_tokens))
 
-    async def stream(self) -> AsyncIterator[str]:
+    def plain(self) -> bool:
+        """The stream's chunks have the fixed shape ChunkTemplate writes (sse.py): no logprobs, no echo."""
+        return self.body.logprobs is None and not self.echo and not self.score_only
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        """The SSE events, one write per output (its choices' events joined): a write is a system call, the most
+        a streamed token costs the API server. The last output's events go with the usage and [DONE]."""
         opts = self.body.stream_options
         continuous = bool(opts and opts.continuous_usage_stats)
+        template = ChunkTemplate(self.head(self.chunk_object), self.chat) if self.plain() and not continuous else None
         seen: set[int] = set()
+        single = len(self.streams) == 1  # (the common case: the stream itself, no merging layer on every token)
+        source = self.streams[0] if single else merge(self.streams)
+        tail, finished = [], 0
         try:
-            async for i, output in merge(self.streams):
+            async for item in source:
+                i, output = (0, item) if single else item
                 first = i not in seen
                 seen.add(i)
                 self.count(i, output, first)
-                for chunk in self.chunks(i, output, first):
-                    if continuous:
-                        chunk["usage"] = usage(self.prompt_tokens, self.completion_tokens)
-                    yield sse(chunk)
+                events = self.events(i, output, first, template, continuous)
+                finished += output.finished
+                if finished == len(self.streams):
+                    tail = events
+                elif events:
+                    yield b"".join(events)
             if opts and opts.include_usage:
-                yield sse(
-                    dict(
-                        **self.head(self.chunk_object),
-                        choices=[],
-                        usage=usage(self.prompt_tokens, self.completion_tokens),
-                    )
-                )
+                head = self.head(self.chunk_object)
+                tail.append(sse(dict(**head, choices=[], usage=usage(self.prompt_tokens, self.completion_tokens))))
         except Exception as e:  # the stream has begun: the error is its last event
-            yield sse(error_body(str(e), *failure(e)))
-        yield sse("[DONE]")
+            tail.append(sse(error_body(str(e), *failure(e))))
+        finally:
+            await source.aclose()
+        yield b"".join([*tail, sse("[DONE]")])
+
+    def events(self, i: int, output: RequestOutput, first: bool, template, continuous: bool) -> list[bytes]:
+        if template is not None and not (first and self.chat):  # (chat: the role first, as a dict)
+            return [
+                template.event(i * self.n + c.index, c.text, c.finish_reason, c.stop_reason)
+                for c in output.outputs
+                if c.text or c.finish_reason or (c.token_ids and not self.chat)
+            ]
+        chunks = self.chunks(i, output, first)
+        if continuous:
+            for chunk in chunks:
+                chunk["usage"] = usage(self.prompt_tokens, self.completion_tokens)
+        return [sse(chunk) for chunk in chunks]
 
     def chunks(self, i: int, output: RequestOutput, first: bool) -> list[dict]:
         return [
@@ -192,6 +209,10 @@ class ChatCompletions(Completions):
     """One /v1/chat/completions request: the assistant's message, or its deltas."""
 
     object, chunk_object = "chat.completion", "chat.completion.chunk"
+    chat = True
+
+    def plain(self) -> bool:
+        return not self.body.logprobs
 
     def logprobs(self, choice: int, c: CompletionOutput):
         if not self.body.logprobs:
@@ -225,6 +246,3 @@ class ChatCompletions(Completions):
                 choice.update(finish_reason=c.finish_reason, stop_reason=c.stop_reason)
                 chunks.append(dict(**self.head(self.chunk_object), choices=[choice]))
         return chunks
-
-
-# --- running it --------------------------------------------------------------------------------------------
