@@ -88,6 +88,24 @@ def test_greedy_matches_the_reference_engine(tiny_qwen3):
     same_tokens(greedy(tiny_qwen3, ps, 24, engine), reference_greedy(tiny_qwen3, ps, 24, engine), "tiny Qwen3, greedy")
 
 
+def test_the_engine_runs_the_package_functions(tiny_qwen3, monkeypatch):
+    """The comparison above sees the package's functions: an RMSNorm that divides by the mean absolute value
+    instead of the root mean square changes the engine's answers (were a kernel bound in its place, it would not)."""
+    import minivllm.layers.layernorm as layernorm
+
+    def wrong_rms_norm(x, weight, eps, out_dtype=None):
+        out_dtype = out_dtype or x.dtype
+        x = x.float()
+        return (x / (x.abs().mean(dim=-1, keepdim=True) + eps)).to(out_dtype) * weight
+
+    ps = prompts_for(512)
+    engine = dict(SMALL, enforce_eager=True)
+    want = reference_greedy(tiny_qwen3, ps, 24, engine)
+    monkeypatch.setattr(layernorm, "rms_norm", wrong_rms_norm)
+    got = greedy(tiny_qwen3, ps, 24, engine)
+    assert first_difference(got, want) is not None, "a wrong rms_norm left the engine's answers unchanged"
+
+
 @needs_smollm2
 @pytest.mark.smollm2
 @pytest.mark.slow

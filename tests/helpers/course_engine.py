@@ -14,11 +14,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# The engine on the package's own torch definitions: without these options an engine binds its kernels in their
+# place (C++ norms, RoPE, SiLU-mul, KV store, decode attention and packed linears on a CPU; Triton and
+# FlashAttention on a GPU), and the functions the learner wrote would never run. On a GPU the KV store stays a
+# Triton kernel: the learner's (chapter 06).
+ON_THE_PACKAGE = dict(
+    attention_backend="torch",
+    kernels=dict(compile=False, cpu_ops=False, cpu_packed_linear=False, fused_prologue=False),
+)
+
+
 def greedy(model: str, prompts: list[list[int]], max_tokens: int, engine: dict) -> list[list[int]]:
-    """Greedy token ids of `LLM(model, **engine)` from the minivllm this process imports."""
+    """Greedy token ids of `LLM(model, **engine)` from the minivllm this process imports, on its torch definitions
+    (ON_THE_PACKAGE: the functions of the package under check, not the kernels bound in their place)."""
     from minivllm import LLM, SamplingParams
 
-    llm = LLM(model, **engine)
+    llm = LLM(model, **{**ON_THE_PACKAGE, **engine})
     try:
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outs]
