@@ -14,10 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from course.wrong_answers import WRONG
 from helpers.course_edition import ROOT, body_of, exercises, fill_package, find_function, stub_source
-
-sys.path.insert(0, str(ROOT / "tests" / "course"))
-from wrong_answers import WRONG
 
 MIN_LINES = 600
 

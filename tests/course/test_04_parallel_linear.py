@@ -4,8 +4,8 @@ TP group played in turn (tp_fakes.py), fp32 and bf16."""
 import pytest
 import torch
 import torch.nn.functional as F
-from tp_fakes import Collectives, FakeGroup
 
+from course.tp_fakes import Collectives, FakeGroup
 from helpers.course import DTYPES, assert_close, assert_exact, expect_error, odd_size, seeded
 from minivllm.layers.linear import (
     ColumnParallelLinear,

@@ -2,8 +2,8 @@
 (minivllm/layers/embed_head.py), every rank of a TP group played in turn (tp_fakes.py)."""
 
 import torch
-from tp_fakes import Collectives, FakeGroup
 
+from course.tp_fakes import Collectives, FakeGroup
 from helpers.course import assert_close, assert_exact, expect_error, odd_size, seeded
 from minivllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minivllm.utils.context import reset_context, set_context

@@ -5,8 +5,8 @@ Scores that overflow exp in fp32 catch an online softmax without its running max
 
 import pytest
 import torch
-from paged import attention_exact, attention_fp32, make_paged, sizes
 
+from course.paged import attention_exact, attention_fp32, make_paged, sizes
 from helpers.course import DTYPES, assert_close, assert_exact, odd_size, seeded
 from minivllm.kernels import torch_attention as ta
 from minivllm.kernels.triton.paged_decode import paged_decode

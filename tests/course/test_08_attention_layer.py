@@ -5,8 +5,8 @@ step; the cache after each, fp32 and bf16."""
 
 import pytest
 import torch
-from paged import attention_exact, attention_fp32, sizes
 
+from course.paged import attention_exact, attention_fp32, sizes
 from helpers.course import DTYPES, assert_close, assert_exact, seeded
 from minivllm.layers.attention import Attention
 from minivllm.utils.context import reset_context, set_context

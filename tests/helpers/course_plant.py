@@ -72,10 +72,8 @@ def run_chapter(chapter: str) -> tuple[int, str]:
 
 
 def main() -> None:
+    from course.wrong_answers import WRONG
     from helpers.course_edition import body_of, exercises
-
-    sys.path.insert(0, str(ROOT / "tests" / "course"))
-    from wrong_answers import WRONG
 
     chapter, indices = sys.argv[1], [int(i) for i in sys.argv[2:]]
     listed = {e.qualname: e for e in exercises()}
@@ -102,4 +100,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # tests/, not this script's folder, first on the path: there `course` is tests/course, not helpers/course.py
+    sys.path[0] = str(ROOT / "tests")
     main()
