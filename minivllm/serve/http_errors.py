@@ -12,6 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from minivllm.serve.messages import EngineDeadError, RequestFailedError
+
 logger = logging.getLogger("minivllm.serve")
 
 ERROR_TYPES = {  # the openai client's exception class for each status
@@ -68,3 +70,13 @@ def add_error_handlers(app: FastAPI) -> None:
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("%s %s failed", request.method, request.url.path)
         return error_response(f"internal error: {type(exc).__name__}: {exc}"[:500], None, 500)
+
+
+def failure(e: Exception) -> tuple[str | None, int]:
+    """(param, status) of an error that ended a request's streams: 400 when the engine refused the request, 500
+    when it failed it or died (EngineDeadError, RequestFailedError); anything else is logged, it is a bug."""
+    if isinstance(e, ValueError):
+        return None, 400
+    if not isinstance(e, (EngineDeadError, RequestFailedError)):
+        logger.error("a request's stream failed", exc_info=e)
+    return None, 500

@@ -39,7 +39,7 @@ from minivllm.serve.protocol import ChatCompletionRequest, CompletionRequest, Sa
 from minivllm.serve.responses import ChatCompletions, Completions
 from minivllm.serve.server_options import ServerOptions, add_middleware, request_chat_template
 from minivllm.serve.serving_utils import BadRequest, bad_request, until_disconnect
-from minivllm.serve.sse import SSEResponse, capture_send
+from minivllm.serve.sse import App, SSEResponse
 from minivllm.serve.tokenizer_pool import TokenizerPool, WorkerDiedError
 from minivllm.serve.tokens import add_token_routes
 
@@ -49,14 +49,6 @@ from minivllm.serve.tokens import add_token_routes
 # client's next request, already in the socket, and lose it silently (`scripts/serve_stall.py`: a 7 s stall lost
 # 40 of 160 requests with 5 s, none with 60 s; benchmarks/RESULTS.md).
 TIMEOUT_KEEP_ALIVE = 60.0
-
-
-class App(FastAPI):
-    """FastAPI, its outermost layer leaving the server's own `send` in the scope for the streams' events (sse.py)."""
-
-    async def __call__(self, scope, receive, send) -> None:
-        capture_send(scope, send)
-        await super().__call__(scope, receive, send)
 
 
 def build_app(

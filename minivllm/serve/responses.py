@@ -4,7 +4,6 @@ every response, `stop_reason`, logprobs as OpenAI lays them out for completions 
 logprobs first with `echo`, and `echo` with max_tokens 0 answering the prompt scored)."""
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -12,22 +11,9 @@ from dataclasses import replace
 from fastapi.responses import JSONResponse
 
 from minivllm.frontend.outputs import CompletionOutput, RequestOutput
-from minivllm.serve.http_errors import error_body, error_response
+from minivllm.serve.http_errors import error_body, error_response, failure
 from minivllm.serve.logprobs import chat_logprobs, completion_logprobs, prompt_logprobs_part
-from minivllm.serve.messages import EngineDeadError, RequestFailedError
 from minivllm.serve.sse import ChunkTemplate, sse
-
-logger = logging.getLogger("minivllm.serve")
-
-
-def failure(e: Exception) -> tuple[str | None, int]:
-    """(param, status) of an error that ended a request's streams: 400 when the engine refused the request, 500
-    when it failed it or died (EngineDeadError, RequestFailedError); anything else is logged, it is a bug."""
-    if isinstance(e, ValueError):
-        return None, 400
-    if not isinstance(e, (EngineDeadError, RequestFailedError)):
-        logger.error("a request's stream failed", exc_info=e)
-    return None, 500
 
 
 async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:

@@ -17,6 +17,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import msgspec
+from fastapi import FastAPI
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -66,6 +67,14 @@ RAW_SEND = "minivllm.send"  # the scope's key of the server's own send (capture_
 def capture_send(scope: Scope, send: Send) -> None:
     """Leave the server's `send` in the scope for SSEResponse's events (called by the app's outermost layer)."""
     scope[RAW_SEND] = send
+
+
+class App(FastAPI):
+    """FastAPI, its outermost layer leaving the server's own `send` in the scope for the streams' events."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        capture_send(scope, send)
+        await super().__call__(scope, receive, send)
 
 
 class SSEResponse(Response):
