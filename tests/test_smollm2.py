@@ -10,6 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from conftest import needs_smollm2
+from helpers.course_engine import chat_prompts
 from minivllm import LLM, SamplingParams
 from minivllm.frontend import default_model as dm
 from minivllm.frontend.default_model import default_model_dir
@@ -76,13 +77,7 @@ def smollm2() -> str:
 
 @pytest.fixture(scope="module")
 def prompts(smollm2) -> list[list[int]]:
-    tokenizer = AutoTokenizer.from_pretrained(smollm2)
-    return [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=True
-        )["input_ids"]
-        for q in QUESTIONS
-    ]
+    return chat_prompts(smollm2, QUESTIONS)
 
 
 @pytest.fixture(scope="module")

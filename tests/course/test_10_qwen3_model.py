@@ -7,9 +7,9 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from helpers.course import DTYPES, assert_close, seeded
+from helpers.prefill import prefill_logits
 from helpers.tiny_model import make_tiny_checkpoint
 from minivllm.models.qwen3 import Qwen3ForCausalLM, Qwen3MLP
-from minivllm.utils.context import reset_context, set_context
 from minivllm.utils.loader import load_model
 
 IDS = ["fp32", "bf16"]
@@ -39,26 +39,6 @@ def prompts(vocab: int) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def minivllm_logits(model, ps: list[list[int]]) -> torch.Tensor:
-    ids = torch.tensor([t for p in ps for t in p])
-    positions = torch.cat([torch.arange(len(p)) for p in ps])
-    cu = torch.tensor([0, *torch.tensor([len(p) for p in ps]).cumsum(0).tolist()], dtype=torch.int32)
-    m = max(len(p) for p in ps)
-    set_context(
-        True,
-        cu_seqlens_q=cu,
-        cu_seqlens_k=cu,
-        max_seqlen_q=m,
-        max_seqlen_k=m,
-        slot_mapping=torch.full((len(ids),), -1, dtype=torch.int32),
-    )
-    try:
-        return model.compute_logits(model(ids, positions))
-    finally:
-        reset_context()
-
-
-@torch.inference_mode()
 def hf_logits(path: str, dtype, ps: list[list[int]]) -> torch.Tensor:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
     return torch.stack([model(torch.tensor([p])).logits[0, -1] for p in ps])
@@ -83,7 +63,7 @@ def test_mlp(dtype):
 def test_model_logits(checkpoint, dtype):
     model = build(checkpoint, dtype)
     ps = prompts(model.lm_head.weight.shape[0])
-    got = minivllm_logits(model, ps)
+    got = prefill_logits(model, ps)
     exact = hf_logits(checkpoint, torch.float64, ps)
     oracle = hf_logits(checkpoint, dtype, ps)  # transformers' own error in this dtype sets the bar
     assert_close(got, exact, MODEL, "last-token logits of a packed prefill", oracle=oracle, dtype=dtype)
