@@ -19,16 +19,14 @@ ATTENTION_COMPILE = ("auto", "process", "thread", "off")
 @dataclass(slots=True)
 class KernelOptions:
     decode_kernel: str = "triton"  # decode attention with a flash backend: "triton" (ours) or "flash" (its own)
-    pdl: bool = True  # programmatic dependent launch between our Triton kernels (Hopper and later; triton/pdl.py)
+    pdl: bool = True  # programmatic dependent launch between our Triton kernels (Hopper; triton/paged_decode.py)
     fused_prologue: bool = True  # QK-norm + RoPE + KV-cache write in one Triton kernel (GPU)
     compile: bool | None = None  # small ops: None our kernels, True torch.compile, False eager torch
     cpu_packed_linear: bool = True  # CPU: linear layers through oneDNN with weights packed at load (cpu/linear.py)
     triton_on_cpu: bool = False  # CPU: run the GPU path's Triton kernels interpreted
     cpu_ops: bool = True  # CPU: norms, RoPE, SiLU-mul, KV store, decode attention in C++ when built (cpu/ops.py)
     attention_compile: str = "auto"  # GPU start: where FlashAttention-4 compiles (kernels/startup/attention_compile.py)
-    triton_compile: bool = (
-        True  # GPU start: our Triton kernels compile side by side on threads (startup/triton_compile)
-    )
+    triton_compile: bool = True  # GPU start: our Triton kernels compile side by side on threads (startup/)
 
     def __post_init__(self) -> None:
         if self.decode_kernel not in DECODE_KERNELS:
@@ -82,8 +80,7 @@ TORCH = Ops()  # the torch definitions everywhere: what a layer built alone runs
 
 
 def torch_backend() -> AttentionBackend:
-    """The plain-torch attention backend over the paged cache (kernels/attention_backend.py): what an Attention
-    layer built alone gets."""
+    """The plain-torch attention backend (kernels/attention_backend.py): what an Attention layer built alone gets."""
     return TorchBackend()
 
 
