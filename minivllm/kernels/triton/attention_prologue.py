@@ -7,7 +7,7 @@ fusing them saves ~100 launches per step on a 28-layer model.
 
 The Attention layer calls it (`Attention.forward_fused`) when the engine's kernel table has it, so the layer
 owns the cache write on both paths. The CPU path (and notebooks 01, 02, 06) runs the same steps as separate
-torch ops; notebook 06 checks this kernel against them through the Triton interpreter."""
+torch ops; notebook 18 checks this kernel against them through the Triton interpreter."""
 
 import torch
 import triton
