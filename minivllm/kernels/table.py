@@ -34,7 +34,7 @@ class KernelOptions:
         if self.attention_compile not in ATTENTION_COMPILE:
             raise ValueError(f"unknown attention_compile {self.attention_compile!r}; choose from {ATTENTION_COMPILE}")
         for f in fields(self):
-            if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
+            if f.type is bool and not isinstance(getattr(self, f.name), bool):
                 raise ValueError(f"kernel option {f.name} must be True or False, got {getattr(self, f.name)!r}")
         if self.compile not in (None, True, False):
             raise ValueError(f"kernel option compile must be None, True or False, got {self.compile!r}")
