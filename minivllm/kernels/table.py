@@ -2,7 +2,6 @@
 kernel or None for the layer's torch definition) and `pick`, the one decision of which kernels an engine runs
 (minivllm/kernels/__init__.py says what each device gets). The core (config, layers) imports this module only."""
 
-import functools
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -11,6 +10,7 @@ from functools import partial
 import torch
 
 from minivllm.kernels.attention_backend import AttentionBackend, TorchBackend
+from minivllm.kernels.compiled import compiled
 
 DECODE_KERNELS = ("triton", "flash")
 ATTENTION_COMPILE = ("auto", "process", "thread", "off")
@@ -82,27 +82,6 @@ TORCH = Ops()  # the torch definitions everywhere: what a layer built alone runs
 def torch_backend() -> AttentionBackend:
     """The plain-torch attention backend (kernels/attention_backend.py): what an Attention layer built alone gets."""
     return TorchBackend()
-
-
-@functools.cache
-def compiled(fn: Callable, token_args: int = 1) -> Callable:
-    """`fn` through torch.compile, made on the first call (making it imports dynamo and inductor, ~2 s, which a run
-    that never calls it does not pay). Only the token dimension is symbolic, marked dynamic at each call so the
-    first compile covers every token count; every dimension symbolic (dynamic=True) made hidden sizes symbolic
-    too, and the generated kernels 5-10x slower on a GPU. One wrapper per definition (cached), shared by every
-    layer that binds it: a wrapper per layer would compile the same graph once per layer."""
-    fast = None
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        nonlocal fast
-        fast = fast or torch.compile(fn)
-        for a in args[:token_args]:
-            if isinstance(a, torch.Tensor) and a.dim() > 0:
-                torch._dynamo.maybe_mark_dynamic(a, 0)
-        return fast(*args, **kwargs)
-
-    return wrapper
 
 
 _override_impl: Ops | None = None  # tests: what `pick` returns instead of its choice (see `override`)
