@@ -81,3 +81,19 @@ def test_greedy_agreement_stops_at_the_engines_first_eos():
     ]
     assert bm.greedy_agreement(ours, reference, eos) == 2
     assert bm.greedy_agreement([[5, 6, 7, 9]], reference[:1], eos) == 0
+
+
+def test_api_path_benchmark_streams_every_token(tmp_path):
+    """bench_api_path.py drives the real API server (uvicorn's protocol, the app, the client's output thread) on a
+    fake core: a short run ends, and each token of each stream reached the transport in one write (or fewer, where
+    the collector merged a lagging stream's tokens), never more."""
+    import subprocess
+
+    env = {**__import__("os").environ, "HOME": str(tmp_path)}  # (the tiny checkpoint in a cache of its own)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_api_path.py"), "--streams", "4", "--num-requests", "8"]
+    cmd += ["--output-len", "8", "--repeat", "1", "--step-ms", "20"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = eval(out.stdout.splitlines()[-2])  # the run's dict
+    assert 0.75 <= result["writes_per_token"] <= 1.0 and result["us_per_token"] > 0, out.stdout  # (a lag merges)
+    assert "api path:" in out.stdout.splitlines()[-1]

@@ -60,7 +60,10 @@ class RequestState:
 
     @property
     def finished(self) -> bool:
-        return all(s.finish_reason is not None for s in self.seqs)
+        for s in self.seqs:  # noqa: SIM110 (a loop: all() over a generator costs more, read twice a step a stream)
+            if s.finish_reason is None:
+                return False
+        return True
 
     def add_prompt_rows(self, first: int, rows: list[tuple]) -> None:
         """A chunk's prompt-logprob rows, of prompt tokens `first`, `first + 1`, ... (rows already gathered, as
@@ -108,7 +111,11 @@ class OutputProcessor:
             seq = state.seqs[out.index]
             if self.update(state, seq, out):
                 stopped.append((out.request_id, out.index))
-            changed.setdefault(out.request_id, (state, []))[1].append(seq)
+            entry = changed.get(out.request_id)
+            if entry is None:
+                changed[out.request_id] = (state, [seq])
+            else:
+                entry[1].append(seq)
         request_outputs = []
         for rid, (state, seqs) in changed.items():
             output = self.request_output(state, seqs)
@@ -159,7 +166,8 @@ class OutputProcessor:
         if kind == FINAL_ONLY and not finished:
             return None
         if kind == DELTA:
-            completions = [self.delta(s) for s in sorted(changed, key=lambda s: s.index)]
+            in_order = changed if len(changed) == 1 else sorted(changed, key=lambda s: s.index)
+            completions = [self.delta(s) for s in in_order]
         else:
             completions = [self.completion(s) for s in state.seqs]
         prompt_logprobs = None if kind == DELTA and state.prompt_logprobs_sent else state.prompt_logprobs

@@ -119,17 +119,19 @@ class RequestMetrics:
             m.requests.inc()
             m.prompt_tokens.inc(len(output.prompt_token_ids))
             self.first = False
-        tokens = sum(len(c.token_ids) for c in output.outputs)
-        m.generation_tokens.inc(tokens)
-        if tokens and self.streaming:
-            if self.last is None:
-                m.ttft.observe(now - self.start)
-            else:
-                m.itl.observe((now - self.last) / tokens)
-            self.last = now
+        tokens = 0  # (one pass over the choices: this runs for every output of every stream)
         for c in output.outputs:
+            tokens += len(c.token_ids)
             if c.finish_reason is not None and c.index not in self.done:
                 self.done.add(c.index)
                 m.success.labels(model_name=m.model_name, finished_reason=c.finish_reason).inc()
+        if tokens:  # (a counter's inc takes its lock: none for nothing)
+            m.generation_tokens.inc(tokens)
+            if self.streaming:
+                if self.last is None:
+                    m.ttft.observe(now - self.start)
+                else:
+                    m.itl.observe((now - self.last) / tokens)
+                self.last = now
         if output.finished:
             m.e2e.observe(now - self.start)

@@ -113,7 +113,9 @@ class Completions:
         if first:
             self.prompts[i] = output
         self.prompt_tokens += len(output.prompt_token_ids) if first else 0
-        self.completion_tokens += 0 if self.score_only else sum(len(c.token_ids) for c in output.outputs)
+        if not self.score_only:
+            for c in output.outputs:
+                self.completion_tokens += len(c.token_ids)
 
     async def full(self) -> dict | JSONResponse:
         try:
