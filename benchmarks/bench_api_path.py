@@ -13,8 +13,8 @@ on a fake engine core and a fake transport:
 `--streams` connections at once each send a streamed /v1/completions request of token ids (`--num-requests` in
 all, `--output-len` tokens each), as bench_serve.py's client does. Prints the CPU per output token of this process
 (everything but the socket's system call, which a real server adds: ~23 us a write on the development VM), the
-writes per token (1.0: one event a token; less: the collector merged tokens of a lagging stream), and the median
-of `--repeat` runs.
+writes per token (1.0: one event a token; less: the collector merged tokens of a lagging stream, or
+`--stream-interval`), and the median of `--repeat` runs.
 
   python3 benchmarks/bench_api_path.py                     # 64 streams, 256 requests x 64 tokens, 5 runs
   python3 benchmarks/bench_api_path.py --profile out.prof  # one run under cProfile (the event loop's thread)"""
@@ -170,6 +170,7 @@ def main() -> None:
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--step-ms", type=float, default=8.0, help="the fake core's step (long enough not to merge)")
+    ap.add_argument("--stream-interval", type=int, default=1, help="the server's --stream-interval")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--profile", help="run once under cProfile, write the stats here")
     args = ap.parse_args()
@@ -181,7 +182,8 @@ def main() -> None:
         vocab = json.load(f)["vocab_size"]
     ipc = tempfile.mkdtemp(prefix="minivllm-api-path-")
     ready = m.Ready(None, model, 4096, 16, 100_000, vocab, [0], None, 1, model)
-    client = AsyncMPClient(model, core=FakeCore(ipc, ready, vocab, args.step_ms / 1000))
+    core = FakeCore(ipc, ready, vocab, args.step_ms / 1000)
+    client = AsyncMPClient(model, core=core, stream_interval=args.stream_interval)
     app = build_app(client, "bench")
     config = uvicorn.Config(app, log_level="warning")
     config.load()

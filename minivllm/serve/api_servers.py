@@ -72,7 +72,8 @@ def run_api_server(index: int, sock: socket.socket, ipc_dir: str, core_pid: int,
     from minivllm.serve.openai_server import run_server
 
     try:
-        client = AsyncMPClient(serve["model"], core=AttachedCore(ipc_dir, index, core_pid))
+        core = AttachedCore(ipc_dir, index, core_pid)
+        client = AsyncMPClient(serve["model"], core=core, stream_interval=serve.get("stream_interval", 1))
     except (RuntimeError, ProcessLookupError) as e:  # the core could not start, or is gone
         print(f"minivllm serve: error: {e}", file=sys.stderr)
         sys.exit(2)

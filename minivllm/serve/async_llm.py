@@ -36,7 +36,7 @@ from minivllm.llm import LLM
 from minivllm.sampling_params import SamplingParams
 from minivllm.serve.core_client import AsyncMPClient
 from minivllm.serve.messages import EngineDeadError, RequestFailedError, SchedulerStats
-from minivllm.serve.output_collector import RequestOutputCollector
+from minivllm.serve.output_collector import RequestOutputCollector, check_stream_interval
 
 MAX_STEP_LOG = 100_000  # a server runs for days: keep the step log's tail only
 
@@ -45,14 +45,17 @@ __all__ = ["AsyncLLM", "EngineDeadError"]
 
 
 class AsyncLLM:
-    def __new__(cls, model: str | LLM, multiprocess: bool = False, **engine_args):
+    def __new__(cls, model: str | LLM, multiprocess: bool = False, stream_interval: int = 1, **engine_args):
         if multiprocess:  # the engine core in its own process, this interface in front of it
-            return AsyncMPClient(model, **engine_args)
+            return AsyncMPClient(model, stream_interval=stream_interval, **engine_args)
         return super().__new__(cls)
 
-    def __init__(self, model: str | LLM, multiprocess: bool = False, **engine_args) -> None:
+    def __init__(self, model: str | LLM, multiprocess: bool = False, stream_interval: int = 1, **engine_args) -> None:
         """An engine on `model` (a checkpoint directory, with engine arguments), or around an LLM made already;
-        either way the AsyncLLM owns it from now on (shutdown() stops it)."""
+        either way the AsyncLLM owns it from now on (shutdown() stops it). `stream_interval`: a stream's tokens
+        per wake-up after its first (output_collector.py)."""
+        check_stream_interval(stream_interval)
+        self.stream_interval = stream_interval
         self.engine = model if isinstance(model, LLM) else LLM(model, **engine_args)
         self.model, self.max_model_len = self.engine.config.model, self.engine.config.max_model_len
         self.tokenizer_dir = self.engine.config.tokenizer or self.model
@@ -79,7 +82,7 @@ class AsyncLLM:
 
     async def _stream(self, request) -> AsyncIterator[RequestOutput]:
         request_id = request.request_id
-        stream = RequestOutputCollector(request.params.output_kind)  # merges DELTA outputs not yet taken
+        stream = RequestOutputCollector(request.params.output_kind, self.stream_interval)  # merges DELTA outputs
         self.commands.put(("add", request, asyncio.get_running_loop(), stream))
         if self.closed:  # it stopped meanwhile: nobody will read the command
             self._drain(EngineDeadError(f"the engine is not running: {self.error!r}"))

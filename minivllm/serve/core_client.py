@@ -36,13 +36,16 @@ from minivllm.sampling_params import SamplingParams
 from minivllm.serve import messages as m
 from minivllm.serve.core_process import AttachedCore, CoreProcess
 from minivllm.serve.messages import EngineDeadError
-from minivllm.serve.output_collector import RequestOutputCollector
+from minivllm.serve.output_collector import RequestOutputCollector, check_stream_interval
 
 
 class AsyncMPClient:
-    def __init__(self, model: str, core: AttachedCore | None = None, **engine_args) -> None:
+    def __init__(self, model: str, core: AttachedCore | None = None, stream_interval: int = 1, **engine_args) -> None:
         """Start an engine core on `model` in a new process, or talk to the one `core` reaches (one of several API
-        servers, api_servers.py), and wait until it is ready (its error, if not)."""
+        servers, api_servers.py), and wait until it is ready (its error, if not). `stream_interval`: a stream's
+        tokens per wake-up after its first (output_collector.py)."""
+        check_stream_interval(stream_interval)
+        self.stream_interval = stream_interval
         self.engine_args = dict(engine_args)
         self.core = core if core is not None else CoreProcess(model, self.engine_args)
         self.wake_r, self.wake_w = os.pipe()  # shutdown() wakes the output thread (the core may not end)
@@ -89,7 +92,7 @@ class AsyncMPClient:
         if self.closed:
             raise EngineDeadError(f"the engine is not running: {self.error!r}")
         request = self.processor.process(request_id, prompt, sampling_params)
-        queue = RequestOutputCollector(request.params.output_kind)  # merges DELTA outputs a slow reader has not taken
+        queue = RequestOutputCollector(request.params.output_kind, self.stream_interval)  # merges DELTA outputs
         rid = request.request_id  # (the collector's own generator: no layer in between on every token)
         return queue.outputs(abort=lambda: self.abort(rid), start=lambda: self._add(request, queue))
 

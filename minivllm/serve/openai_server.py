@@ -186,14 +186,16 @@ def run_server(
     llm: AsyncLLM | None = None,
     sockets: list | None = None,
     parent_pid: int | None = None,
+    stream_interval: int = 1,
     **engine_args,
 ) -> None:
     """Serve until SIGINT / SIGTERM; then the requests are aborted, the connections closed, the engine core
     process and its TP workers stopped, and this returns (uvicorn re-raises the signal it caught: it finds a
     no-op here). If the engine core dies, the server stops and this raises EngineDeadError (launcher.py).
     One of several API servers (api_servers.py) brings its client of the shared core (`llm`), the listening
-    socket (`sockets`) and its parent's pid (it stops when the parent is gone)."""
-    llm = llm if llm is not None else AsyncLLM(model, multiprocess=True, **engine_args)
+    socket (`sockets`) and its parent's pid (it stops when the parent is gone). `stream_interval`: vLLM's
+    `--stream-interval` (a stream's tokens per event after its first; the client brought has its own)."""
+    llm = llm if llm is not None else AsyncLLM(model, multiprocess=True, stream_interval=stream_interval, **engine_args)
     app = build_app(llm, served_model_name or model, owns_engine=True, options=options)
     keep_alive = dict(timeout_keep_alive=timeout_keep_alive, timeout_graceful_shutdown=10)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, **keep_alive)
