@@ -1,6 +1,11 @@
-"""The kernel table: `KernelOptions` (the engine's `Config.kernels`), `Ops` (one engine's kernels, each entry a
-kernel or None for the layer's torch definition) and `pick`, the one decision of which kernels an engine runs
-(minivllm/kernels/__init__.py says what each device gets). The core (config, layers) imports this module only."""
+"""The kernel table: `KernelOptions` (the engine's `Config.kernels`), `Ops` (one engine's kernels, each entry a kernel
+or None for the layer's torch definition) and `pick`, the one decision of which kernels an engine runs:
+
+- CUDA: our Triton kernels (`kernels/triton/`) for the norms, SiLU-mul, the fused attention prologue, the KV-cache
+  store, paged decode with the flash backends and the sampler's draw; RoPE outside the prologue via torch.compile
+  (our kernels are no slower than compiled ones, and a process skips dynamo's import and tracing: ~2-3 s).
+- CPU: the C++ operators (`kernels/cpu/`) for the norms, RoPE, SiLU-mul, the store and paged decode where this
+  machine built them, else the torch definitions, eager; the linear layers through oneDNN, weights packed at load."""
 
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -80,7 +85,7 @@ TORCH = Ops()  # the torch definitions everywhere: what a layer built alone runs
 
 
 def torch_backend() -> AttentionBackend:
-    """The plain-torch attention backend (kernels/attention_backend.py): what an Attention layer built alone gets."""
+    """What an Attention layer built alone gets: plain torch (kernels/attention_backend.py)."""
     return TorchBackend()
 
 
@@ -139,8 +144,7 @@ def pick(
 
 @contextmanager
 def override(ops: Ops):
-    """`with override(ops): ...`: every `pick` in the block returns `ops` (tests; engines started in the block
-    keep it after)."""
+    """Tests: every `pick` in the block returns `ops` (engines started in the block keep it after)."""
     global _override_impl
     old, _override_impl = _override_impl, ops
     try:
