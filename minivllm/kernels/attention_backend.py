@@ -94,8 +94,8 @@ class TorchBackend(AttentionBackend):
         return torch_attention.varlen_attention(q, k, v, cu_seqlens, scale)
 
     def prefill_paged(self, q, k_cache, v_cache, *, cu_seqlens_q, context_lens, block_tables, scale, **_):
-        """Queries are the new tokens, keys come from the cache through block_tables (S, M) int32 (a prefix hit, a
-        later chunk) -> (N, H, D). The flash backends also take cu_seqlens_k, max_seqlen_q and max_seqlen_k."""
+        """New queries, keys from the cache through block_tables (S, M) int32 -> (N, H, D) (the flash kernels'
+        other arguments unused)."""
         return torch_attention.paged_prefill_attention(
             q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale
         )

@@ -135,11 +135,10 @@ HEADS_FASTEST = True  # grid (Hkv, B, splits): 1-1.5% faster at batch 96-256 (be
 
 
 def num_splits(batch: int, num_kv_heads: int, max_splits: int = MAX_SPLITS) -> int:
-    """How many parts each sequence's context is cut into: a function of the batch only, so a CUDA graph captured
-    for a batch size keeps it whatever the context lengths. Up to 768 (sequence, KV head) pairs (batch 96 at 8 KV
-    heads), at least 4: the contexts of a batch differ by up to 4x and the longest unsplit ones set the kernel's time
-    (batch 64: 96.6 us unsplit, 88.9 in 4 parts); under 96 pairs more, for ~3 programs per SM (132 SMs). Above 768,
-    unsplit: the many programs even out, and splitting only adds the combine (benchmarks/sweep_paged_decode.py)."""
+    """How many parts each context is cut into: a function of the batch only, so a CUDA graph captured for a batch
+    size keeps it. Up to 768 (sequence, KV head) pairs, at least 4: a batch's contexts differ by up to 4x and the
+    longest unsplit ones set the time (batch 64: 96.6 us unsplit, 88.9 in 4 parts); under 96 pairs more, for ~3
+    programs per SM. Above 768, unsplit: splitting only adds the combine (benchmarks/sweep_paged_decode.py)."""
     pairs = batch * num_kv_heads
     return 1 if pairs > 768 else min(max_splits, max(4, triton.cdiv(384, pairs)))
 
@@ -165,9 +164,8 @@ def paged_decode(
     use_pdl: bool = True,
 ) -> torch.Tensor:
     """q (B, H, D), caches (num_blocks, block_size, Hkv, D), context_lens (B,) int32, block_tables (B, M) int32 with
-    valid block ids in every entry a context reaches (padding past it is never read) -> (B, H, D). block_n /
-    num_warps / num_stages: the launch (default `tile_config`). heads_fastest: programs side by side read the KV
-    heads of the same tokens (one cache row), not one head of many sequences. use_pdl: `pdl_args`."""
+    valid block ids in every entry a context reaches -> (B, H, D). Tiles by `tile_config`; heads_fastest: programs
+    side by side read the KV heads of the same tokens (one cache row), not one head of many sequences."""
     B, H, D = q.shape
     default_n, default_stages = tile_config(q.dtype, D)
     block_n, num_stages = block_n or default_n, num_stages or default_stages
@@ -222,13 +220,12 @@ def paged_decode(
 
 
 # --- programmatic dependent launch (PDL, Hopper and later) ----------------------------------------------------
-# A decode step's CUDA graph runs ~270 kernels back to back, most a few microseconds long, each paying for its start
-# and its tail while the GPU is partly idle. With PDL a kernel may start while the one before it still runs. Each of
-# our decode-step kernels (these two and the attention prologue) calls `pdl_wait()` before it reads what an earlier
-# kernel wrote or writes anything (it returns once the previous kernel, which waited for its own, has finished and its
-# writes are visible), and `pdl_launch_dependents()` after its main loop: the next kernel's programs launch while our
-# last ones store (triggered at the start, whole chains would launch ahead and wait on the SMs). Kernels not ours
-# launch as usual. A decode step is ~10-30 us faster (benchmarks/HISTORY.md). Off on CPU and before Hopper.
+# A decode step's CUDA graph runs ~270 kernels of a few microseconds each, each paying for its start and tail while
+# the GPU is partly idle. With PDL a kernel may start while the one before it runs. Each of our decode-step kernels
+# (these two and the attention prologue) calls `pdl_wait()` before it reads what an earlier kernel wrote or writes
+# anything (it returns once the previous kernel has finished, its writes visible), and `pdl_launch_dependents()`
+# after its main loop: the next kernel's programs launch while our last ones store (triggered at the start, whole
+# chains would launch ahead and wait on the SMs). A decode step is ~10-30 us faster. Off on CPU and before Hopper.
 
 
 @lru_cache(None)
