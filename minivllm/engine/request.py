@@ -31,9 +31,7 @@ class EngineOutput:
     finish_reason: str | None = None  # "stop" (EOS, stop token, grammar's end), "length", "abort", "error"; None: runs
     stop_reason: int | str | None = None  # the stop token id that ended it (None for EOS); "error": the message
     new_logprobs: list[tuple] | None = None  # per new token (top ids, top logprobs, logprob, rank), when asked
-    prompt_logprobs: tuple[int, list[tuple]] | None = (
-        None  # a prefill chunk's: (first prompt token index, rows as above)
-    )
+    prompt_logprobs: tuple[int, list[tuple]] | None = None  # a prefill chunk's: (first prompt index, rows as above)
 
 
 @dataclass(slots=True)
@@ -141,19 +139,6 @@ def launch_alone_at_fault(engine, seqs: list[Sequence], is_prefill: bool) -> tup
             fail(engine, rid, f"preparing its step failed: {type(e).__name__}: {e}")
     seqs = [s for s in seqs if not s.is_finished]
     return seqs, r.launch(seqs, is_prefill, hook) if seqs else None
-
-
-def prompt_logprobs_outputs(hook, launched: "Launched") -> list[EngineOutput]:
-    """A prefill step's prompt log-probabilities (sampling hook): an output with no token per sequence that asked,
-    carrying its chunk's rows, which the front end gathers (frontend/output_processor.py)."""
-    if launched.handle.prompt_logprobs is None:  # no row asked
-        return []
-    outputs = []
-    for row, first, entries in hook.prompt_logprobs_rows(*launched.handle.prompt_logprobs):
-        seq = launched.seqs[row]
-        if not seq.is_finished:
-            outputs.append(EngineOutput(seq.request_id, seq.index, [], prompt_logprobs=(first, entries)))
-    return outputs
 
 
 # --- a launched step ---

@@ -31,11 +31,9 @@ from minivllm.config import Config
 
 TIMEOUT = timedelta(minutes=10)  # a rank that does not join (or answer) within this fails the collective
 
-# the names `ps` and `top` show for the engine's processes (vLLM names its engine core the same way), which are
-# otherwise all "python3"; benchmarks/bench_serve.py reads them to tell the engine's CPU time from the API server's
-CORE = "minivllm-core"  # the engine core process (serve/core.py)
-TP_WORKER = "minivllm-tp"  # + the rank: a tensor-parallel worker (below)
-TOKENIZER = "minivllm-tok"  # a tokenizer pool worker of the API server (serve/tokenizer_pool.py)
+# + the rank: what `ps` and `top` show for a tensor-parallel worker instead of "python3" (the server names its
+# processes alike); benchmarks/bench_serve.py reads the names to tell the engine's CPU time from the API server's
+TP_WORKER = "minivllm-tp"
 
 
 def set_process_name(name: str) -> None:

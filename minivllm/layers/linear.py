@@ -32,20 +32,24 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def _check_shape(param: nn.Parameter, loaded: torch.Tensor, what: str) -> None:
+def copy_weight(param: torch.Tensor, loaded: torch.Tensor, what: str) -> None:
+    """param <- loaded, whose shape must be param's (`what` names the layer in the error)."""
     if tuple(param.shape) != tuple(loaded.shape):
         raise ValueError(
             f"{what}: checkpoint shape {tuple(loaded.shape)} does not match parameter shard shape {tuple(param.shape)}"
         )
+    param.copy_(loaded)
 
 
-def _check_split(loaded: torch.Tensor, dim: int, shard_size: int, tp: int, what: str) -> None:
-    """Before narrow(): a checkpoint dim longer than tp shards would otherwise be cut silently."""
+def shard_of(loaded: torch.Tensor, dim: int, shard_size: int, rank: int, tp: int, what: str) -> torch.Tensor:
+    """Rank `rank`'s slice of `loaded` along `dim`, which must hold exactly tp shards (narrow() would cut a longer
+    checkpoint silently)."""
     if loaded.size(dim) != shard_size * tp:
         raise ValueError(
             f"{what}: checkpoint shape {tuple(loaded.shape)} has {loaded.size(dim)} along dim {dim}, "
             f"expected {tp} x {shard_size}"
         )
+    return loaded.narrow(dim, rank * shard_size, shard_size)
 
 
 class LinearBase(nn.Module):
@@ -89,8 +93,7 @@ class LinearBase(nn.Module):
 
 class ReplicatedLinear(LinearBase):
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-        _check_shape(param, loaded_weight, type(self).__name__)
-        param.data.copy_(loaded_weight)
+        copy_weight(param.data, loaded_weight, type(self).__name__)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -109,11 +112,9 @@ class ColumnParallelLinear(LinearBase):
         super().__init__(input_size, output_size, bias, tp_dim=0, ops=ops, group=group)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-        shard_size = param.data.size(self.tp_dim)
-        _check_split(loaded_weight, self.tp_dim, shard_size, self.tp_size, type(self).__name__)
-        loaded_weight = loaded_weight.narrow(self.tp_dim, self.tp_rank * shard_size, shard_size)
-        _check_shape(param, loaded_weight, type(self).__name__)
-        param.data.copy_(loaded_weight)
+        shard_size, name = param.data.size(self.tp_dim), type(self).__name__
+        loaded_weight = shard_of(loaded_weight, self.tp_dim, shard_size, self.tp_rank, self.tp_size, name)
+        copy_weight(param.data, loaded_weight, name)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -136,8 +137,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         shard_size = self.output_sizes[loaded_shard_id] // self.tp_size
         param_data = param.data.narrow(self.tp_dim, shard_offset, shard_size)
         loaded_weight = loaded_weight.chunk(self.tp_size, self.tp_dim)[self.tp_rank]
-        _check_shape(param_data, loaded_weight, f"{type(self).__name__}[{loaded_shard_id}]")
-        param_data.copy_(loaded_weight)
+        copy_weight(param_data, loaded_weight, f"{type(self).__name__}[{loaded_shard_id}]")
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -169,8 +169,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         ]
         param_data = param.data.narrow(self.tp_dim, shard_offset, shard_size)
         loaded_weight = loaded_weight.chunk(self.tp_size, self.tp_dim)[self.tp_rank]
-        _check_shape(param_data, loaded_weight, f"{type(self).__name__}[{loaded_shard_id}]")
-        param_data.copy_(loaded_weight)
+        copy_weight(param_data, loaded_weight, f"{type(self).__name__}[{loaded_shard_id}]")
 
 
 class RowParallelLinear(LinearBase):
@@ -189,12 +188,11 @@ class RowParallelLinear(LinearBase):
         super().__init__(input_size, output_size, bias, tp_dim=1, ops=ops, group=group)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-        if param.data.dim() == 2:
+        name = type(self).__name__
+        if param.data.dim() == 2:  # the weight; the bias is whole on every rank
             shard_size = param.data.size(self.tp_dim)
-            _check_split(loaded_weight, self.tp_dim, shard_size, self.tp_size, type(self).__name__)
-            loaded_weight = loaded_weight.narrow(self.tp_dim, self.tp_rank * shard_size, shard_size)
-        _check_shape(param, loaded_weight, type(self).__name__)
-        param.data.copy_(loaded_weight)
+            loaded_weight = shard_of(loaded_weight, self.tp_dim, shard_size, self.tp_rank, self.tp_size, name)
+        copy_weight(param.data, loaded_weight, name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.weight.shape[1]:
