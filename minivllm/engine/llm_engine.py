@@ -84,7 +84,7 @@ class LLMEngine:
 
     def schedule(self, request: EngineRequest) -> None:
         """Hand a request's sequences to the scheduler (those that must wait for the first one's prompt wait)."""
-        share = self.config.enable_prefix_caching and request.num_prompt_tokens > self.config.kvcache_block_size
+        share = self.config.enable_prefix_caching and request.seqs[0].num_prompt_tokens > self.config.kvcache_block_size
         for seq in request.start(share_prompt=share):
             self.scheduler.add(seq)
 

@@ -29,8 +29,8 @@ EMPTY = torch.tensor([])  # an attention layer's cache before the runner gives i
 
 class ModelRunner:
     def __init__(self, config: Config, rank: int = 0, port: int = 0, workers=None, reporter=None) -> None:
-        """`workers`: rank 0's of a tensor-parallel engine (tp_workers.Workers); `reporter`: a worker's, the start-up
-        phases it reports to rank 0 (tp_workers.Reporter)."""
+        """`workers`: rank 0's of a tensor-parallel engine (tp_workers.Workers); `reporter`: a worker's pipe to rank 0,
+        on which it reports each start-up phase done (`checkpoint`)."""
         start = time.perf_counter()
         self.config = config
         self.vocab_size = config.hf_config.vocab_size
@@ -119,7 +119,7 @@ class ModelRunner:
     def checkpoint(self, phase: str) -> None:
         """Start-up: a worker reports `phase` done; rank 0 waits until every worker has (tp_workers.py)."""
         if self.reporter is not None:
-            self.reporter.checkpoint(phase)
+            self.reporter.send(("done", phase, None))
         elif self.workers is not None:
             self.workers.wait_for(phase)
 

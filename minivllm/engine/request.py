@@ -1,16 +1,12 @@
 """What enters and leaves the engine (llm_engine.py), per request and per step (vLLM V1's EngineCoreRequest /
 EngineCoreOutput): a request's `n` sequences as the engine keeps them, what one sequence got in one step (token ids,
-never text: the front end's output processor detokenises and gathers prompt log-probabilities chunk by chunk,
-frontend/output_processor.py), and a launched step (model_runner.py's `launch`) whose sampled tokens are on their way
-back to the host.
+never text: the front end's output processor detokenises, frontend/output_processor.py), and a launched step
+(model_runner.py's `launch`) whose sampled tokens are on their way back to the host.
 
-With prefix caching, sequences 1..n-1 of a request whose prompt fills a block wait until sequence 0 has computed
-the prompt (its first token arrived): they then find its blocks in the prefix cache, so the prompt is computed
-once. A request ends alone (`end`): aborted, or failed on its own error (a grammar that does not compile, step
-inputs that fail to build: finish_reason "error", the message in stop_reason), its sequences finish with that
-reason, their blocks freed at once, also while a step that computes it is in flight (that step's token for it is
-discarded when it arrives). So does a sequence whose text reached a stop string (`stop`). Only an error no
-request alone causes stops the engine."""
+A request ends alone: aborted, or failed on its own error (a grammar that does not compile, step inputs that fail
+to build: finish_reason "error", the message in stop_reason), its blocks freed at once, even while a step that
+computes it is in flight (that step's token for it is discarded). Only an error no request alone causes stops
+the engine."""
 
 import time
 from dataclasses import dataclass, field, replace
@@ -54,14 +50,10 @@ class EngineRequest:
             seqs.append(Sequence(prompt_token_ids, child, request_id, i))
         return cls(seqs)
 
-    @property
-    def num_prompt_tokens(self) -> int:
-        return self.seqs[0].num_prompt_tokens
-
     def start(self, share_prompt: bool) -> list[Sequence]:
         """The sequences to schedule now: with `share_prompt` (prefix caching, a prompt longer than a block) the
-        first only, the others deferred until it has computed the prompt (not when prompt logprobs are asked: those
-        score every position)."""
+        first only, the others deferred until it has computed the prompt, which they then find in the prefix cache
+        (not when prompt logprobs are asked: those score every position)."""
         if share_prompt and self.seqs[0].sampling_params.prompt_logprobs is None and len(self.seqs) > 1:
             self.deferred = self.seqs[1:]
             return self.seqs[:1]
@@ -106,8 +98,7 @@ class EngineRequest:
 
 
 def fail(engine, request_id: str, message: str) -> None:
-    """End a request on its own error: its outputs come in the engine's next step()'s, the message their
-    stop_reason."""
+    """End a request on its own error: its outputs ("error", `message`) come in the engine's next step()'s."""
     engine.failed += engine.requests.pop(request_id).end(engine.scheduler, "error", message)
 
 

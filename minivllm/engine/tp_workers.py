@@ -7,9 +7,9 @@ this with shared memory and events inside model_runner.py; pipes are simpler and
 
 Start-up is where a worker is most likely to die (an import that fails in the spawned process, an
 out-of-memory error while loading). Rank 0 must never wait on a collective for a rank that is gone, so
-every rank reports each start-up phase (`checkpoint`), and rank 0 waits for those reports, watching each
-worker's process, before it enters the next phase's collectives: a dead or failed worker ends the engine's
-construction at once, with an error naming its rank.
+every worker reports each start-up phase on its pipe (`checkpoint`), and rank 0 waits for those reports, watching
+each worker's process, before it enters the next phase's collectives: a dead or failed worker ends the engine's
+construction at once, with an error naming its rank and the phases it had done.
 
 Each engine has a process group of its own over its ranks (`new_engine_group`), which the runner passes to the
 parallel layers when it builds the model; they call `dist.all_reduce(y, group=self.group)` (notebook 04 explains
@@ -100,6 +100,7 @@ class Workers:
             child.close()  # the worker holds its end: a dead worker makes recv() fail instead of wait
             self.processes.append(process)
             self.conns.append(parent)
+        self.done = "nothing yet"  # the last start-up phase every worker reported (a pipe delivers in order)
 
     def send(self, method: str, arg) -> None:
         for conn in self.conns:
@@ -126,9 +127,10 @@ class Workers:
                         f"{main_hint()}"
                     ) from None
                 if kind == "failed":
-                    raise WorkerError(f"tensor-parallel worker rank {rank} failed (phases done: {what}): {detail}")
+                    raise WorkerError(f"tensor-parallel worker rank {rank} failed (phases done: {self.done}): {detail}")
                 assert (kind, what) == ("done", phase), f"worker rank {rank} reported {kind} {what}, expected {phase}"
                 del waiting[rank]
+        self.done = phase
 
     def exit(self, timeout: float = 30) -> None:
         for conn in self.conns:
@@ -155,29 +157,16 @@ def main_hint() -> str:
     return " (its error is printed above)"
 
 
-class Reporter:
-    """A worker's side of the start-up protocol: `checkpoint(phase)` tells rank 0 that `phase` is done."""
-
-    def __init__(self, conn) -> None:
-        self.conn = conn
-        self.done = "nothing yet"  # the last phase reported
-
-    def checkpoint(self, phase: str) -> None:
-        self.conn.send(("done", phase, None))
-        self.done = phase
-
-
 def worker_main(runner_class: type, config: Config, rank: int, port: int, conn) -> None:
     """A tensor-parallel worker: build its ModelRunner (`runner_class`), then run whatever rank 0 sends until it says
     exit or goes away."""
     set_process_name(f"{TP_WORKER}{rank}")
-    reporter = Reporter(conn)
     try:
-        runner = runner_class(config, rank=rank, port=port, reporter=reporter)
+        runner = runner_class(config, rank=rank, port=port, reporter=conn)  # it reports each phase done on `conn`
     except BaseException as e:
         detail = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
         try:
-            conn.send(("failed", reporter.done, detail))
+            conn.send(("failed", None, detail))
         except (BrokenPipeError, OSError):
             pass
         raise

@@ -41,17 +41,11 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
+    """The LM head (no bias): the embedding's vocabulary shards, used as a linear layer."""
+
     def __init__(
-        self,
-        num_embeddings: int,
-        embedding_dim: int,
-        bias: bool = False,
-        *,
-        ops: Ops = TORCH,
-        group: dist.ProcessGroup | None = None,
+        self, num_embeddings: int, embedding_dim: int, *, ops: Ops = TORCH, group: dist.ProcessGroup | None = None
     ) -> None:
-        if bias:
-            raise NotImplementedError("ParallelLMHead: bias is not supported")
         super().__init__(num_embeddings, embedding_dim, group=group)
         self.packed_weight: torch.Tensor | None = None  # the kernel's copy of the weight (CPU: oneDNN's layout)
         self._linear, self._pack = ops.linear or linear, ops.pack_linear

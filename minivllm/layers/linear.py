@@ -53,21 +53,26 @@ def shard_of(loaded: torch.Tensor, dim: int, shard_size: int, rank: int, tp: int
 
 
 class LinearBase(nn.Module):
+    tp_dim: int | None = None  # the weight's dim cut over the TP ranks: 0 output (Column), 1 input (Row), None whole
+
     def __init__(
         self,
         input_size: int,
         output_size: int,
         bias: bool = False,
-        tp_dim: int | None = None,
         *,
         ops: Ops = TORCH,
         group: dist.ProcessGroup | None = None,
     ) -> None:
+        """A layer of the full sizes; this rank holds its 1 / tp_size of the dim `tp_dim` (the bias: of the output)."""
         super().__init__()
-        self.tp_dim = tp_dim
         self.group = group
         self.tp_rank = tp_rank(group)
         self.tp_size = tp_size(group)
+        if self.tp_dim == 0:
+            output_size = divide(output_size, self.tp_size, "output size")
+        elif self.tp_dim == 1:
+            input_size = divide(input_size, self.tp_size, "input size")
         self.weight = nn.Parameter(torch.empty(output_size, input_size))
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -99,17 +104,7 @@ class ReplicatedLinear(LinearBase):
 class ColumnParallelLinear(LinearBase):
     """y[:, shard] = x @ W[shard].T: each rank holds output rows [rank * n, (rank + 1) * n)."""
 
-    def __init__(
-        self,
-        input_size: int,
-        output_size: int,
-        bias: bool = False,
-        *,
-        ops: Ops = TORCH,
-        group: dist.ProcessGroup | None = None,
-    ) -> None:
-        output_size = divide(output_size, tp_size(group), "output size")
-        super().__init__(input_size, output_size, bias, tp_dim=0, ops=ops, group=group)
+    tp_dim = 0
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         shard_size, name = param.data.size(self.tp_dim), type(self).__name__
@@ -175,17 +170,7 @@ class QKVParallelLinear(ColumnParallelLinear):
 class RowParallelLinear(LinearBase):
     """y = sum over ranks of x[:, shard] @ W[:, shard].T: partial sums, then one all_reduce."""
 
-    def __init__(
-        self,
-        input_size: int,
-        output_size: int,
-        bias: bool = False,
-        *,
-        ops: Ops = TORCH,
-        group: dist.ProcessGroup | None = None,
-    ) -> None:
-        input_size = divide(input_size, tp_size(group), "input size")
-        super().__init__(input_size, output_size, bias, tp_dim=1, ops=ops, group=group)
+    tp_dim = 1
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         name = type(self).__name__

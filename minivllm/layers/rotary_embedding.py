@@ -72,22 +72,17 @@ def get_rope(
 ) -> RotaryEmbedding:
     """One RotaryEmbedding (one cos/sin table) shared by every layer of a model. Cached per device and kernel
     table too, so a model built on another device or with other kernels does not get (or move) this one's."""
-    return _get_rope(head_size, rotary_dim, max_position, base, rope_scaling, torch.get_default_device(), ops)
+    if rope_scaling is not None:
+        raise NotImplementedError(f"rope scaling {dict(rope_scaling)} is not implemented (only plain RoPE)")
+    return _shared_rope(head_size, rotary_dim, max_position, base, torch.get_default_device(), ops)
 
 
 @lru_cache(1)
-def _get_rope(
-    head_size: int,
-    rotary_dim: int,
-    max_position: int,
-    base: float,
-    rope_scaling: tuple | None,
-    device: torch.device,
-    ops: Ops,
+def _shared_rope(
+    head_size: int, rotary_dim: int, max_position: int, base: float, device: torch.device, ops: Ops
 ) -> RotaryEmbedding:
-    if rope_scaling is not None:
-        raise NotImplementedError(f"rope scaling {dict(rope_scaling)} is not implemented (only plain RoPE)")
+    """(`device` keys the cache only: the table is built on the default device, which get_rope read.)"""
     return RotaryEmbedding(head_size, rotary_dim, max_position, base, ops=ops)
 
 
-get_rope.cache_clear = _get_rope.cache_clear
+get_rope.cache_clear = _shared_rope.cache_clear
