@@ -33,7 +33,6 @@ class ModelRunner:
         on which it reports each start-up phase done (`checkpoint`)."""
         start = time.perf_counter()
         self.config = config
-        self.vocab_size = config.hf_config.vocab_size
         self.block_size = config.kvcache_block_size
         self.world_size = config.tensor_parallel_size
         self.rank = rank
@@ -56,8 +55,7 @@ class ModelRunner:
             self.timed("load", self.load_model)
             self.checkpoint("loaded the model")
             self.startup_seconds.update(self.compile_ahead.wait())  # the kernels compiled ahead, before the warm-up
-            # the largest prefill and the sampler (kernels/startup/warmup.py); on CPU nothing compiles and the KV
-            # cache has a byte budget
+            # the largest prefill and the sampler (kernels/startup/warmup.py); a CPU's KV cache has a byte budget
             self.timed("warmup", lambda: self.compile_ahead.warmup_model(self), gpu)
             self.timed("kv_cache", self.allocate_kv_cache)
             self.checkpoint("allocated the KV cache")
@@ -127,11 +125,10 @@ class ModelRunner:
         return step_inputs.prepare_prefill(seqs, self.block_size, keys_from_cache=self.prefill_keys_from_cache)
 
     def prepare_decode(self, seqs: list[Sequence]) -> StepInput:
-        n, feed = len(seqs), self.sample_in_graph
         if self.enforce_eager:
-            return step_inputs.prepare_decode(seqs, self.block_size, rows=n, always_feed=feed)
+            return step_inputs.prepare_decode(seqs, self.block_size, rows=len(seqs))
         # a graph's batch: padded up to a captured size, its block tables in a fixed layout
-        rows, width = self.graphs.padded(n), self.max_num_blocks
+        rows, width, feed = self.graphs.padded(len(seqs)), self.max_num_blocks, self.sample_in_graph
         return step_inputs.prepare_decode(seqs, self.block_size, rows=rows, table_width=width, always_feed=feed)
 
     def prepare_sample(self, seqs: list[Sequence], in_graph: bool) -> torch.Tensor | None:

@@ -3,10 +3,9 @@ EngineCoreOutput): a request's `n` sequences as the engine keeps them, what one 
 never text: the front end's output processor detokenises, frontend/output_processor.py), and a launched step
 (model_runner.py's `launch`) whose sampled tokens are on their way back to the host.
 
-A request ends alone: aborted, or failed on its own error (a grammar that does not compile, step inputs that fail
-to build: finish_reason "error", the message in stop_reason), its blocks freed at once, even while a step that
-computes it is in flight (that step's token for it is discarded). Only an error no request alone causes stops
-the engine."""
+A request ends alone: aborted, or failed on its own error (a grammar that does not compile, step inputs that fail to
+build: finish_reason "error", the message in stop_reason), its blocks freed at once, even while a step that computes it
+is in flight (that step's token for it is discarded). Only an error no request alone causes stops the engine."""
 
 import time
 from dataclasses import dataclass, field, replace
@@ -32,15 +31,14 @@ class EngineOutput:
 
 @dataclass(slots=True)
 class EngineRequest:
-    """A request in the engine: its n sequences (child i seeded seed + i, as vLLM)."""
+    """A request in the engine: its n sequences."""
 
     seqs: list[Sequence]
     deferred: list[Sequence] = field(default_factory=list)  # waiting for seqs[0] to compute the shared prompt
 
     @classmethod
     def make(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams, max_model_len: int):
-        """The request's n sequences, child i drawing from seed + i (as vLLM); max_tokens None: up to the model's
-        length."""
+        """The request's n sequences, child i seeded seed + i (as vLLM); max_tokens None: up to the model's length."""
         if params.max_tokens is None:
             params = replace(params, max_tokens=max_model_len - len(prompt_token_ids))
         seqs = []

@@ -1,12 +1,11 @@
 """One step's inputs: built on the host with numpy from the scheduled sequences (nano-vllm's prepare_prefill /
-prepare_decode, here plain functions that tests call without a model), then copied to the device in one
-transfer through a persistent pinned buffer (`InputBuffers`).
+prepare_decode, here plain functions that tests call without a model), then copied to the device in one transfer through
+a persistent pinned buffer (`InputBuffers`).
 
-A step computes `num_scheduled_tokens` tokens of each sequence, starting at `num_computed_tokens`: a whole
-prompt, a chunk of one, or the one token of a decode. Token t of a sequence lives in cache slot
-`block_table[t // block_size] * block_size + t % block_size` (notebook 11 draws it). A token that is still
-being sampled by the previous step (PENDING, the engine runs one step ahead) is fed from that step's output
-on the device: `src` says from which row."""
+A step computes `num_scheduled_tokens` tokens of each sequence, starting at `num_computed_tokens`: a whole prompt, a
+chunk of one, or the one token of a decode. Token t of a sequence lives in cache slot `block_table[t // block_size] *
+block_size + t % block_size` (notebook 11 draws it). A token that is still being sampled by the previous step (PENDING,
+the engine runs one step ahead) is fed from that step's output on the device: `src` says from which row."""
 
 from dataclasses import dataclass
 
@@ -199,17 +198,13 @@ class InputBuffers:
         self.ints[:end].copy_(host[:end], non_blocking=True)
         return [self.ints[o : o + a.size].view(a.shape) for o, a in zip(starts, arrays)]
 
-    def upload_step(self, inp: StepInput) -> dict[str, torch.Tensor]:
-        """Every array of a step (those that are not None), packed back to back; returns device views by name."""
+    def upload_step(self, inp: StepInput, *, at_layout: bool = False) -> dict[str, torch.Tensor]:
+        """Every array of a step (those that are not None) in one transfer: packed back to back, or with `at_layout`
+        (a decode step) at the decode layout's fixed offsets, which the graphs read. Returns device views by name."""
         names = ["input_ids", "positions", "slot_mapping", "context_lens", "cu_seqlens_q", "cu_seqlens_k"]
-        names = [n for n in names + ["block_tables", "src"] if getattr(inp, n) is not None]
-        return dict(zip(names, self.upload([getattr(inp, n) for n in names])))
-
-    def upload_decode(self, inp: StepInput) -> dict[str, torch.Tensor]:
-        """A decode step's inputs at the layout's fixed offsets; returns the views of this batch."""
-        offsets = self.layout.offsets()  # the layout names the fields; src only when something is fed
-        names = [n for n in offsets if getattr(inp, n) is not None]
-        return dict(zip(names, self.upload([getattr(inp, n) for n in names], [offsets[n] for n in names])))
+        names = [n for n in names + ["block_tables", "src"] if getattr(inp, n) is not None]  # in the layout's order
+        offsets = [self.layout.offsets()[n] for n in names] if at_layout else None
+        return dict(zip(names, self.upload([getattr(inp, n) for n in names], offsets)))
 
     def upload_floats(
         self, temperatures: list[float], top_ps: list[float] | None

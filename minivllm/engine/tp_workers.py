@@ -12,9 +12,8 @@ each worker's process, before it enters the next phase's collectives: a dead or 
 construction at once, with an error naming its rank and the phases it had done.
 
 Each engine has a process group of its own over its ranks (`new_engine_group`), which the runner passes to the
-parallel layers when it builds the model; they call `dist.all_reduce(y, group=self.group)` (notebook 04 explains
-the two all_reduces per layer, notebook 05 the vocabulary gather). Nothing here is process-wide: the driver
-process may hold several tensor-parallel engines, each with its own group, and a worker process serves one."""
+parallel layers when it builds the model (notebook 04 explains their two all_reduces, notebook 05 the vocabulary
+gather). Nothing here is process-wide: one process may hold several tensor-parallel engines."""
 
 import multiprocessing.connection
 import os

@@ -159,9 +159,8 @@ class QKVParallelLinear(ColumnParallelLinear):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: str) -> None:
         q_size, kv_size = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
-        shard_offset, shard_size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[
-            loaded_shard_id
-        ]
+        shards = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}  # (offset, size)
+        shard_offset, shard_size = shards[loaded_shard_id]
         param_data = param.data.narrow(self.tp_dim, shard_offset, shard_size)
         loaded_weight = loaded_weight.chunk(self.tp_size, self.tp_dim)[self.tp_rank]
         copy_weight(param_data, loaded_weight, f"{type(self).__name__}[{loaded_shard_id}]")

@@ -45,10 +45,7 @@ class RotaryEmbedding(nn.Module):
 
 def rope_theta_of(config) -> float:
     """rope_theta from transformers 5 (`config.rope_parameters`) or older configs (top-level)."""
-    params = getattr(config, "rope_parameters", None) or {}
-    if "rope_theta" in params:
-        return float(params["rope_theta"])
-    theta = getattr(config, "rope_theta", None)
+    theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", getattr(config, "rope_theta", None))
     if theta is None:
         raise ValueError("config has no rope_theta (neither in rope_parameters nor at top level)")
     return float(theta)
