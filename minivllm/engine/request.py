@@ -149,11 +149,9 @@ class StepHandle:
             self.event.record()
 
     def result(self) -> tuple[list[int], dict[int, tuple]]:
-        if self.event is None:
-            tokens = self.tokens.tolist()
-        else:
+        if self.event is not None:  # GPU: wait for the copy into the pinned host buffer
             self.event.synchronize()
-            tokens = self.host[: self.n].tolist()
+        tokens = self.tokens.tolist() if self.event is None else self.host[: self.n].tolist()
         return tokens, self.logprobs.tolists() if self.logprobs is not None else {}
 
 

@@ -1,9 +1,10 @@
-"""The parallel Linear family (notebook 04): Column shards the output dim, Row shards the input
-dim and all_reduces over the engine's TP group (`group`, given at construction; None: one rank); QKV and Merged
-are Column layers that pack several HF weights into one matrix. Each parameter carries a
-`weight_loader(param, loaded_weight[, shard_id])` that the loader calls. The matmul is `F.linear`, or the
-engine's kernel (`ops.linear`: on CPU through a weight packed once after the load, `pack_weight`). The TP helpers
-(`tp_rank`, `tp_size`, `divide`) serve every parallel layer; the engine makes the group (engine/tp_workers.py)."""
+"""The parallel Linear family (notebook 04): Column shards the output dim (`tp_dim` 0), Row the input dim (`tp_dim` 1)
+and all_reduces over the engine's TP group (`group`, given at construction; None: one rank); QKV and Merged are Column
+layers that pack several HF weights into one matrix. Each parameter carries a
+`weight_loader(param, loaded_weight[, shard_id])` that the loader calls. The matmul is `F.linear`, or the engine's
+kernel (`ops.linear`: on CPU through a weight packed once after the load, `pack_weight`). The TP helpers (`tp_rank`,
+`tp_size`, `divide`, and the loaders' `shard_of` and `copy_weight`) serve every parallel layer; the engine makes the
+group (engine/tp_workers.py)."""
 
 import torch
 import torch.distributed as dist

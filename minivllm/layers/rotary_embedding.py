@@ -74,11 +74,10 @@ def get_rope(
     return _shared_rope(head_size, rotary_dim, max_position, base, torch.get_default_device(), ops)
 
 
-@lru_cache(1)
+@lru_cache(1)  # `device` only keys the cache: the table is built on the default device, which get_rope read
 def _shared_rope(
     head_size: int, rotary_dim: int, max_position: int, base: float, device: torch.device, ops: Ops
 ) -> RotaryEmbedding:
-    """(`device` keys the cache only: the table is built on the default device, which get_rope read.)"""
     return RotaryEmbedding(head_size, rotary_dim, max_position, base, ops=ops)
 
 

@@ -59,8 +59,9 @@ def load_model(model: nn.Module, path: str) -> None:
                         f"unexpected tensor {weight_name!r} in {file}: the model has no parameter {param_name!r}"
                     )
                 param = params[param_name]
+                weight_loader = getattr(param, "weight_loader", default_weight_loader)
                 try:
-                    getattr(param, "weight_loader", default_weight_loader)(param, f.get_tensor(weight_name), *shard)
+                    weight_loader(param, f.get_tensor(weight_name), *shard)  # a packed parameter's with its shard id
                 except ValueError as e:
                     raise ValueError(f"tensor {weight_name!r} in {file}: {e}") from None
                 expected.discard(weight_name)
