@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from minivllm.checkpoint import eos_token_ids, load_tokenizer
 from minivllm.config import Config
-from minivllm.engine import request as per_request  # requests that fail alone, prompt logprobs
+from minivllm.engine import request as per_request  # requests that fail alone
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.request import EngineOutput, EngineRequest, Launched, StepRecord
 from minivllm.engine.scheduler import Scheduler
