@@ -2,6 +2,8 @@
 chapters' table names modules that exist (a module moved without the table moving with it fails here)."""
 
 import importlib.util
+import json
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,3 +37,16 @@ def test_the_chapters_table_names_modules_that_exist():
     learner = cs.learner_files()
     assert "layers/layernorm.py" in learner and "kernels/triton/store_kvcache.py" in learner
     assert not any(f.startswith("serve/") for f in learner)  # the chapters never reach the server
+
+
+def test_the_chapters_table_is_what_each_first_cell_names():
+    """CHAPTERS lists, for notebooks 01-14, the modules each first cell names in bold (**`minivllm/...py`**) as the
+    ones it builds and verifies; a module a chapter only uses (default_model_dir() in 10) or a kernel moved to a
+    later notebook (18) is named without bold, or not at all."""
+    cs = core_size()
+    bold = re.compile(r"\*\*`minivllm/([\w/]+\.py)`\*\*")
+    named = {}
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        if path.name[:2] in cs.CHAPTERS:
+            named[path.name[:2]] = bold.findall("".join(json.loads(path.read_text())["cells"][0]["source"]))
+    assert named == cs.CHAPTERS

@@ -1,13 +1,13 @@
-"""Programmatic dependent launch (minivllm/kernels/triton/pdl.py): off on CPU (the interpreter never sees it); on a
-Hopper GPU the chain prologue -> paged decode -> split combine, captured in a CUDA graph with PDL, gives
-exactly what the same kernels give launched one after the other without it, and so does the whole engine."""
+"""Programmatic dependent launch (`pdl_args` and its two kernels, minivllm/kernels/triton/paged_decode.py): off on
+CPU (the interpreter never sees it); on a Hopper GPU the chain prologue -> paged decode -> split combine, captured in
+a CUDA graph with PDL, gives exactly what the same kernels give launched one after the other without it, and so does
+the whole engine."""
 
 import pytest
 import torch
 
-from minivllm.kernels.triton import pdl
 from minivllm.kernels.triton.attention_prologue import attention_prologue
-from minivllm.kernels.triton.paged_decode import paged_decode
+from minivllm.kernels.triton.paged_decode import paged_decode, pdl_args
 from minivllm.layers.rotary_embedding import RotaryEmbedding
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -15,8 +15,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 def test_pdl_is_off_on_cpu():
     x = torch.zeros(2)
-    assert not pdl.enabled(x) and pdl.launch_kwargs(x) == {}
-    assert not pdl.enabled(x, False) and pdl.launch_kwargs(x, False) == {}
+    assert pdl_args(x.device) == {"PDL": False} and pdl_args(x.device, False) == {"PDL": False}
 
 
 @pytest.mark.gpu
@@ -47,7 +46,9 @@ def test_gpu_prologue_decode_chain_in_a_graph_equals_plain_launches(batch):
 
     plain_cache = caches.clone()
     plain = step(plain_cache, use_pdl=False)
-    assert pdl.enabled(qkv) == (torch.cuda.get_device_capability()[0] >= 9)
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    assert pdl_args(qkv.device) == ({"PDL": True, "launch_pdl": True} if hopper else {"PDL": False})
+    assert pdl_args(qkv.device, False) == {"PDL": False}
     graph_cache = caches.clone()
     step(graph_cache.clone())  # compile before capture
     graph = torch.cuda.CUDAGraph()

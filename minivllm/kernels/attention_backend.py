@@ -1,10 +1,7 @@
 """What an attention backend is: the one call an Attention layer makes (`attend`: which of its three paths a step
 takes, `prefill`, `prefill_paged` or `decode`), its decode kernel, chosen when it is built, and the metadata of a
-step its kernels read, made by the step's first layer and reused by the others (the block tables as the kernels
-read them, the prefill rows after the decode rows). The torch backend is here: plain torch over the paged cache
-(kernels/torch_attention.py), what runs on CPU and what a layer built alone gets. The flash backends and the one
-decision between them are kernels/attention_backends.py; the runner builds one backend object and the model gives
-it to every layer."""
+step its kernels read, made by the step's first layer and reused by the others. The torch backend is here: plain
+torch over the paged cache (kernels/torch_attention.py); the flash backends are kernels/flash_attention.py."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,30 +28,26 @@ class AttentionBackend:
 
     name = "base"
     keys_from_cache = False  # every prefill reads its keys from the cache (FlashAttention-4: one kernel variant)
-    page_table = False  # the kernels read every table entry: -1 padding mapped to block 0
 
     def __init__(self, decode: Callable | None = None) -> None:
         self.decode = decode or self.own_decode
-        self._context: Context | None = None  # the step the metadata below belongs to
-        self._tables: torch.Tensor | None = None
-        self._rows: PrefillRows | None = None
+        self._memo: dict = {}  # one step's metadata: {"context": the step's context, name: value}
 
     def own_decode(self, q, k_cache, v_cache, context_lens, block_tables, scale: float) -> torch.Tensor:
         raise NotImplementedError
 
-    def _step(self, context: Context) -> None:
-        if self._context is not context:  # the runner sets a fresh context per step (and per graph capture)
-            self._context, self._tables, self._rows = context, None, None
+    def per_step(self, context: Context, name: str, make: Callable):
+        """`make()` once per step, by its first layer, then reused (the runner sets a fresh context per step and per
+        graph capture; inside a capture the value is made in the graph)."""
+        if self._memo.get("context") is not context:
+            self._memo = {"context": context}
+        if name not in self._memo:
+            self._memo[name] = make()
+        return self._memo[name]
 
     def tables(self, context: Context) -> torch.Tensor | None:
-        """The step's block tables as the kernels read them: -1 padded, or with `page_table` the padding mapped to
-        block 0 (made once per step, not once per layer; inside a graph's capture, in the graph)."""
-        if not self.page_table or context.block_tables is None:
-            return context.block_tables
-        self._step(context)
-        if self._tables is None:
-            self._tables = context.block_tables.clamp(min=0)
-        return self._tables
+        """The step's block tables as the kernels read them: -1 padded (the flash backends map it to block 0)."""
+        return context.block_tables
 
     def prefill_rows(self, context: Context) -> PrefillRows:
         """The rows after the first num_decode_rows, the ones the prefill kernel takes. With decode rows first, in
@@ -62,15 +55,16 @@ class AttentionBackend:
         d, tables = context.num_decode_rows, self.tables(context)
         if d == 0:
             return PrefillRows(context.cu_seqlens_q, context.cu_seqlens_k, context.context_lens, tables)
-        self._step(context)
-        if self._rows is None:
-            self._rows = PrefillRows(
+        return self.per_step(
+            context,
+            "rows",
+            lambda: PrefillRows(
                 cu_seqlens_q=context.cu_seqlens_q[d:] - d,
                 cu_seqlens_k=context.cu_seqlens_k[d:] - context.cu_seqlens_k[d],
                 context_lens=context.context_lens[d:].clone(),
                 block_tables=tables[d:].clone(),
-            )
-        return self._rows
+            ),
+        )
 
     def attend(self, q, k, v, k_cache, v_cache, context: Context, scale: float) -> torch.Tensor:
         """The step's attention, its new K/V already in the cache: prefill over fresh K/V, prefill over the cache

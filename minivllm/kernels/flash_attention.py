@@ -1,6 +1,6 @@
 """The flash attention backends: the flash-attn package (FA2, nano-vllm's two calls) and FlashAttention-4
 (`flash_attn.cute`, SM90 and later), each imported on first use. Their kernels read every block-table entry, so
-they get the padding mapped to block 0 (`page_table`)."""
+they get the padding mapped to block 0 (`FlashBackend.tables`)."""
 
 import os
 import warnings
@@ -10,6 +10,7 @@ import torch
 
 from minivllm.kernels.attention_backend import AttentionBackend
 from minivllm.kernels.cache import cache_root
+from minivllm.utils.context import Context
 
 # FlashAttention-4 compiles a separate kernel when every sequence's queries fit in one tile of rows (up to 256
 # on any GPU it supports, GQA heads packed in): its `max_seqlen_q` is an upper bound used for the grid, so
@@ -54,11 +55,21 @@ def _fa4():
         return None
 
 
-class FlashAttnBackend(AttentionBackend):
+class FlashBackend(AttentionBackend):
+    """What both flash backends share: their kernels read every block-table entry."""
+
+    def tables(self, context: Context) -> torch.Tensor | None:
+        """The step's block tables with the -1 padding mapped to block 0 (never read: past each context), made once
+        per step, not once per layer."""
+        if context.block_tables is None:
+            return None
+        return self.per_step(context, "tables", lambda: context.block_tables.clamp(min=0))
+
+
+class FlashAttnBackend(FlashBackend):
     """flash-attn (FA2): `flash_attn_varlen_func` for both prefills, `flash_attn_with_kvcache` for decode."""
 
     name = "flash_attn"
-    page_table = True
 
     def prefill(self, q, k, v, cu_seqlens, max_seqlen: int, scale: float) -> torch.Tensor:
         """Fresh K/V, packed by cu_seqlens: q (N, H, D), k/v (N, Hkv, D) -> (N, H, D)."""
@@ -104,13 +115,12 @@ class FlashAttnBackend(AttentionBackend):
         ).squeeze(1)
 
 
-class FA4Backend(AttentionBackend):
+class FA4Backend(FlashBackend):
     """FlashAttention-4. It compiles one kernel per variant it meets (~3-4 s each), keys fresh or through the page
     table being one: every prefill reads its keys from the cache (`keys_from_cache`), one variant serving them all,
     compiled at start-up (kernels/startup/)."""
 
     name = "fa4"
-    page_table = True
     keys_from_cache = True
 
     def prefill(self, q, k, v, cu_seqlens, max_seqlen: int, scale: float) -> torch.Tensor:

@@ -2,7 +2,6 @@
 kernel or None for the layer's torch definition) and `pick`, the one decision of which kernels an engine runs
 (minivllm/kernels/__init__.py says what each device gets). The core (config, layers) imports this module only."""
 
-import functools
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -11,6 +10,7 @@ from functools import partial
 import torch
 
 from minivllm.kernels.attention_backend import AttentionBackend, TorchBackend
+from minivllm.kernels.compiled import compiled
 
 DECODE_KERNELS = ("triton", "flash")
 ATTENTION_COMPILE = ("auto", "process", "thread", "off")
@@ -19,16 +19,14 @@ ATTENTION_COMPILE = ("auto", "process", "thread", "off")
 @dataclass(slots=True)
 class KernelOptions:
     decode_kernel: str = "triton"  # decode attention with a flash backend: "triton" (ours) or "flash" (its own)
-    pdl: bool = True  # programmatic dependent launch between our Triton kernels (Hopper and later; triton/pdl.py)
+    pdl: bool = True  # programmatic dependent launch between our Triton kernels (Hopper; triton/paged_decode.py)
     fused_prologue: bool = True  # QK-norm + RoPE + KV-cache write in one Triton kernel (GPU)
     compile: bool | None = None  # small ops: None our kernels, True torch.compile, False eager torch
     cpu_packed_linear: bool = True  # CPU: linear layers through oneDNN with weights packed at load (cpu/linear.py)
     triton_on_cpu: bool = False  # CPU: run the GPU path's Triton kernels interpreted
     cpu_ops: bool = True  # CPU: norms, RoPE, SiLU-mul, KV store, decode attention in C++ when built (cpu/ops.py)
     attention_compile: str = "auto"  # GPU start: where FlashAttention-4 compiles (kernels/startup/attention_compile.py)
-    triton_compile: bool = (
-        True  # GPU start: our Triton kernels compile side by side on threads (startup/triton_compile)
-    )
+    triton_compile: bool = True  # GPU start: our Triton kernels compile side by side on threads (startup/)
 
     def __post_init__(self) -> None:
         if self.decode_kernel not in DECODE_KERNELS:
@@ -36,7 +34,7 @@ class KernelOptions:
         if self.attention_compile not in ATTENTION_COMPILE:
             raise ValueError(f"unknown attention_compile {self.attention_compile!r}; choose from {ATTENTION_COMPILE}")
         for f in fields(self):
-            if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
+            if f.type is bool and not isinstance(getattr(self, f.name), bool):
                 raise ValueError(f"kernel option {f.name} must be True or False, got {getattr(self, f.name)!r}")
         if self.compile not in (None, True, False):
             raise ValueError(f"kernel option compile must be None, True or False, got {self.compile!r}")
@@ -82,30 +80,8 @@ TORCH = Ops()  # the torch definitions everywhere: what a layer built alone runs
 
 
 def torch_backend() -> AttentionBackend:
-    """The plain-torch attention backend over the paged cache (kernels/attention_backend.py): what an Attention
-    layer built alone gets."""
+    """The plain-torch attention backend (kernels/attention_backend.py): what an Attention layer built alone gets."""
     return TorchBackend()
-
-
-@functools.cache
-def compiled(fn: Callable, token_args: int = 1) -> Callable:
-    """`fn` through torch.compile, made on the first call (making it imports dynamo and inductor, ~2 s, which a run
-    that never calls it does not pay). Only the token dimension is symbolic, marked dynamic at each call so the
-    first compile covers every token count; every dimension symbolic (dynamic=True) made hidden sizes symbolic
-    too, and the generated kernels 5-10x slower on a GPU. One wrapper per definition (cached), shared by every
-    layer that binds it: a wrapper per layer would compile the same graph once per layer."""
-    fast = None
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        nonlocal fast
-        fast = fast or torch.compile(fn)
-        for a in args[:token_args]:
-            if isinstance(a, torch.Tensor) and a.dim() > 0:
-                torch._dynamo.maybe_mark_dynamic(a, 0)
-        return fast(*args, **kwargs)
-
-    return wrapper
 
 
 _override_impl: Ops | None = None  # tests: what `pick` returns instead of its choice (see `override`)

@@ -17,7 +17,7 @@ def _sdpa(
     mask: torch.Tensor | None = None,
     causal: bool = False,
 ) -> torch.Tensor:
-    # q: (B, Lq, H, D), k/v: (B, Lk, Hkv, D) -> (B, Lq, H, D)
+    # q: (B, Lq, H, D), k/v: (B, Lk, Hkv, D) -> (B, Lq, H, D); mask: (B or 1, 1, Lq, Lk) bool, True = may attend
     dtype = q.dtype
     if q.device.type == "cpu" and dtype != torch.float32:  # CPU SDPA in bf16 is ~4x slower than in fp32
         q, k, v = q.float(), k.float(), v.float()
@@ -60,27 +60,15 @@ def check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
         )
 
 
-def check_paged(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-) -> None:
-    if capturing():
-        return  # no host syncs inside a CUDA graph
-    check_paged_shapes(q, k_cache, v_cache, context_lens, block_tables)
-    check_tables(context_lens, block_tables, *k_cache.shape[:2])
-
-
 def check_paged_shapes(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     context_lens: torch.Tensor,
     block_tables: torch.Tensor,
+    decode: bool = False,
 ) -> None:
-    """The shapes alone (no tensor op, no host sync)."""
+    """The shapes of a paged call (no tensor op, no host sync); `decode`: one query per sequence."""
     if k_cache.shape != v_cache.shape or k_cache.dim() != 4:
         raise ValueError(
             f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must both be "
@@ -91,18 +79,7 @@ def check_paged_shapes(
         raise ValueError(
             f"block_tables {tuple(block_tables.shape)} must be (num_seqs={context_lens.shape[0]}, max_blocks)"
         )
-
-
-def check_decode_shapes(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-) -> None:
-    """check_paged_shapes, and one query per sequence."""
-    check_paged_shapes(q, k_cache, v_cache, context_lens, block_tables)
-    if q.shape[0] != context_lens.shape[0]:
+    if decode and q.shape[0] != context_lens.shape[0]:
         raise ValueError(
             f"decode: {q.shape[0]} queries but {context_lens.shape[0]} context lengths (one query per sequence)"
         )
@@ -155,7 +132,8 @@ def paged_prefill_attention(
 ) -> torch.Tensor:
     """Prefill whose keys are in the cache (prefix hit, later chunk): sequence i has
     cu_seqlens_q[i+1] - cu_seqlens_q[i] new queries and context_lens[i] keys (new ones included)."""
-    check_paged(q, k_cache, v_cache, context_lens, block_tables)
+    check_paged_shapes(q, k_cache, v_cache, context_lens, block_tables)
+    check_tables(context_lens, block_tables, *k_cache.shape[:2])  # host syncs: a prefill is never graph-captured
     if cu_seqlens_q.numel() != context_lens.numel() + 1 or q.shape[0] != int(cu_seqlens_q[-1]):
         raise ValueError(
             f"cu_seqlens_q {cu_seqlens_q.tolist()} must have one entry more than context_lens "
@@ -206,7 +184,7 @@ def decode_gather(
     """The rows to gather for these context lengths and tables: the last ones built (kept in `cache`, the
     backend's) if their inputs are equal (CPU only: a GPU would sync to compare, and a CUDA graph cannot), else
     new ones. Shapes checked each call."""
-    check_decode_shapes(q, k_cache, v_cache, context_lens, block_tables)
+    check_paged_shapes(q, k_cache, v_cache, context_lens, block_tables, decode=True)
     cache_blocks = (num_blocks, block_size) = tuple(k_cache.shape[:2])
     cpu = q.device.type == "cpu" and cache is not None
     last = cache.get("gather") if cpu else None

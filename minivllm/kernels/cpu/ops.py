@@ -105,5 +105,5 @@ def checked_paged_decode(
     scale: float,
 ) -> torch.Tensor:
     """paged_decode after the torch path's shape checks (their messages), what the engine's table holds."""
-    torch_attention.check_decode_shapes(q, k_cache, v_cache, context_lens, block_tables)
+    torch_attention.check_paged_shapes(q, k_cache, v_cache, context_lens, block_tables, decode=True)
     return paged_decode(q, k_cache, v_cache, context_lens, block_tables, scale)

@@ -7,13 +7,13 @@ fusing them saves ~100 launches per step on a 28-layer model.
 
 The Attention layer calls it (`Attention.forward_fused`) when the engine's kernel table has it, so the layer
 owns the cache write on both paths. The CPU path (and notebooks 01, 02, 06) runs the same steps as separate
-torch ops; notebook 06 checks this kernel against them through the Triton interpreter."""
+torch ops; notebook 18 checks this kernel against them through the Triton interpreter."""
 
 import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.triton import pdl
+from minivllm.kernels.triton.paged_decode import pdl_args, pdl_launch_dependents, pdl_wait
 
 
 @triton.jit
@@ -78,8 +78,8 @@ def attention_prologue_kernel(
     STORE: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # pdl.py
-        pdl.wait()
+    if PDL:  # programmatic dependent launch (kernels/triton/paged_decode.py)
+        pdl_wait()
     n = tl.program_id(0).to(tl.int64)  # one program per token
     D: tl.constexpr = 2 * HALF
     row = qkv_ptr + n * qkv_stride  # [q heads | k heads | v heads]
@@ -104,7 +104,7 @@ def attention_prologue_kernel(
         HAS_NORM,
     )
     if PDL:
-        pdl.launch_dependents()
+        pdl_launch_dependents()
     if STORE:
         slot = tl.load(slot_mapping_ptr + n).to(tl.int64)
         if slot != -1:  # -1: padding, write nothing
@@ -134,7 +134,7 @@ def attention_prologue(
     """qkv (N, (H + 2 Hkv) * D) from the QKV projection, positions (N,), cos_sin_cache (max_pos, 1, D) fp32
     ([cos | sin]), q/k_weight (D,) or None (no QK-norm: Qwen2, Llama), caches (num_blocks, block_size, Hkv, D)
     or empty (nothing stored, e.g. warm-up), slot_mapping (N,) with -1 = skip.
-    use_pdl: launch with programmatic dependent launch where the GPU has it (pdl.py).
+    use_pdl: programmatic dependent launch where the GPU has it (`pdl_args`, kernels/triton/paged_decode.py).
     Returns q (N, H, D) and k (N, Hkv, D), normed and rotated, and v (N, Hkv, D), a view of qkv."""
     N = qkv.shape[0]
     H, Hkv, D = num_heads, num_kv_heads, head_dim
@@ -171,7 +171,6 @@ def attention_prologue(
         BLOCK_HALF=triton.next_power_of_2(D // 2),
         HAS_NORM=has_norm,
         STORE=store,
-        PDL=pdl.enabled(qkv, use_pdl),
-        **pdl.launch_kwargs(qkv, use_pdl),
+        **pdl_args(qkv.device, use_pdl),
     )
     return q, k, v

@@ -1,24 +1,20 @@
 """Paged decode attention as one Triton kernel (ours; the GPU decode path with the flash backends).
 
-One query per sequence reads that sequence's keys and values through its block table, with the online
-softmax of notebook 07. One program per (sequence, KV head, split): the GROUP query heads that share a KV
-head (GQA) are handled together, so each K/V tile is read from memory once. Small batches split the
-context (flash-decoding): each split writes a partial result with its log-sum-exp and a second kernel
-combines them, so a few long sequences still keep every SM busy. Why not FlashAttention-4 here: its decode
-path costs a fixed ~0.3 us per sequence and layer even at context 1 and has no split-KV on SM90."""
+One query per sequence reads that sequence's keys and values through its block table, with the online softmax of
+notebook 07. One program per (sequence, KV head, split): the GROUP query heads that share a KV head (GQA) are handled
+together, so each K/V tile is read from memory once. Small batches split the context (flash-decoding): each split
+writes a partial result with its log-sum-exp and a second kernel combines them, so a few long sequences still keep
+every SM busy. Not FlashAttention-4's decode: a fixed ~0.3 us per sequence and layer, and no split-KV on SM90."""
+
+from functools import lru_cache
 
 import torch
 import triton
 import triton.language as tl
 
-from minivllm.kernels.triton import pdl
 
-
-# The split count and the table stride are runtime arguments that Triton must not specialise on (by default it
-# compiles a variant per integer that is 1 or a multiple of 16): one compiled kernel for split and one for
-# unsplit launches, not one per split count (each compile costs ~1 s on a machine with no Triton cache), and
-# the decode rows of a prefill step (block tables as wide as that step's longest)
-# run the kernel the decode graphs compiled (tables as wide as max_model_len).
+# Not specialised on (Triton compiles a variant per integer equal to 1 or a multiple of 16): one kernel for split and
+# one for unsplit launches, not one per split count, and a prefill step's decode rows run the decode graphs' kernel.
 @triton.jit(do_not_specialize=["num_splits", "table_stride"])
 def paged_decode_kernel(
     q_ptr,
@@ -43,8 +39,8 @@ def paged_decode_kernel(
     IEEE: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # pdl.py
-        pdl.wait()
+    if PDL:  # programmatic dependent launch: the end of this file
+        pdl_wait()
     if HEADS_FASTEST:
         kvh, b = tl.program_id(0), tl.program_id(1)
     else:
@@ -92,7 +88,7 @@ def paged_decode_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
     if PDL:
-        pdl.launch_dependents()
+        pdl_launch_dependents()
     out = acc / tl.where(l > 0, l, 1.0)[:, None]  # an empty split or context: zeros
     o_mask = (g[:, None] < GROUP) & (d[None, :] < D)
     o_offs = ((b * NUM_KV_HEADS * GROUP + heads)[:, None] * num_splits + split) * D + d[None, :]
@@ -115,7 +111,7 @@ def combine_splits_kernel(
 ):
     """One program per (sequence, head): out = sum_s w_s * partial_s with w = softmax over splits of lse_s."""
     if PDL:
-        pdl.wait()
+        pdl_wait()
     bh = tl.program_id(0)
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
@@ -130,33 +126,27 @@ def combine_splits_kernel(
     ).to(tl.float32)  # (BLOCK_S, BLOCK_D)
     out = tl.sum(part * w[:, None], axis=0)
     if PDL:
-        pdl.launch_dependents()
+        pdl_launch_dependents()
     tl.store(out_ptr + bh * D + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
 
 
 MAX_SPLITS = 16
-# Programs side by side read the KV heads of the same tokens (grid (Hkv, B, splits)): 1-1.5% faster than one head
-# of many sequences at batch 96-256 (benchmarks/sweep_paged_decode.py --grid)
-HEADS_FASTEST = True
+HEADS_FASTEST = True  # grid (Hkv, B, splits): 1-1.5% faster at batch 96-256 (benchmarks/sweep_paged_decode.py --grid)
 
 
 def num_splits(batch: int, num_kv_heads: int, max_splits: int = MAX_SPLITS) -> int:
-    """How many parts each sequence's context is cut into; a function of the batch only, so a CUDA graph captured
-    for a batch size keeps it whatever the context lengths. From all 28 layers' calls in one CUDA graph
-    (benchmarks/sweep_paged_decode.py --grid --graph):
-    - up to 768 (sequence, KV head) pairs (batch 96 at 8 KV heads), at least 4: even where the programs fill the
-      GPU, the contexts of a batch differ by up to 4x and the longest unsplit sequences set the kernel's time
-      (batch 64: 96.6 us unsplit, 88.9 in 4 parts); under 96 pairs more, for ~3 programs per SM (132 SMs);
-    - above that, unsplit: the many programs even themselves out, and splitting only adds the combine."""
+    """How many parts each sequence's context is cut into: a function of the batch only, so a CUDA graph captured
+    for a batch size keeps it whatever the context lengths. Up to 768 (sequence, KV head) pairs (batch 96 at 8 KV
+    heads), at least 4: the contexts of a batch differ by up to 4x and the longest unsplit ones set the kernel's time
+    (batch 64: 96.6 us unsplit, 88.9 in 4 parts); under 96 pairs more, for ~3 programs per SM (132 SMs). Above 768,
+    unsplit: the many programs even out, and splitting only adds the combine (benchmarks/sweep_paged_decode.py)."""
     pairs = batch * num_kv_heads
     return 1 if pairs > 768 else min(max_splits, max(4, triton.cdiv(384, pairs)))
 
 
 def tile_config(dtype: torch.dtype, head_dim: int) -> tuple[int, int]:
-    """(BLOCK_N keys per tile, pipeline stages). Swept at the benchmark's batches and context mixes
-    (benchmarks/sweep_paged_decode.py): 128 keys and 4 stages beat 64 and 3 by 4-6% at
-    batch 128-256 and by a third at batch 16 (bf16, head_dim 128). Wider rows (fp32) keep 64 and 3, which fit
-    shared memory."""
+    """(BLOCK_N keys per tile, pipeline stages): 128 keys and 4 stages beat 64 and 3 by 4-6% at batch 128-256 and by
+    a third at batch 16 (bf16, head_dim 128; benchmarks/sweep_paged_decode.py); wider rows (fp32) keep 64 and 3."""
     return (128, 4) if torch.finfo(dtype).bits * head_dim <= 16 * 128 else (64, 3)
 
 
@@ -174,11 +164,10 @@ def paged_decode(
     heads_fastest: bool = HEADS_FASTEST,
     use_pdl: bool = True,
 ) -> torch.Tensor:
-    """q (B, H, D), caches (num_blocks, block_size, Hkv, D), context_lens (B,) int32, block_tables (B, M) int32
-    with valid block ids in every entry a context reaches (padding past it is never read) -> (B, H, D).
-    block_n / num_warps / num_stages: the launch configuration (default `tile_config`). heads_fastest: programs
-    that run side by side read the KV heads of the same tokens (one cache row of Hkv * D values holds them all)
-    instead of one head of many sequences. use_pdl: programmatic dependent launch where the GPU has it (pdl.py)."""
+    """q (B, H, D), caches (num_blocks, block_size, Hkv, D), context_lens (B,) int32, block_tables (B, M) int32 with
+    valid block ids in every entry a context reaches (padding past it is never read) -> (B, H, D). block_n /
+    num_warps / num_stages: the launch (default `tile_config`). heads_fastest: programs side by side read the KV
+    heads of the same tokens (one cache row), not one head of many sequences. use_pdl: `pdl_args`."""
     B, H, D = q.shape
     default_n, default_stages = tile_config(q.dtype, D)
     block_n, num_stages = block_n or default_n, num_stages or default_stages
@@ -214,10 +203,9 @@ def paged_decode(
         SPLIT=splits > 1,
         HEADS_FASTEST=heads_fastest,
         IEEE=q.dtype == torch.float32 or not q.is_cuda,  # the interpreter's bf16 tl.dot is wrong: fp32 there
-        PDL=pdl.enabled(q, use_pdl),
         num_warps=num_warps,
         num_stages=num_stages,
-        **pdl.launch_kwargs(q, use_pdl),
+        **pdl_args(q.device, use_pdl),
     )
     if splits > 1:
         combine_splits_kernel[(B * H,)](
@@ -228,7 +216,35 @@ def paged_decode(
             D=D,
             BLOCK_S=max(MAX_SPLITS, triton.next_power_of_2(splits)),  # one variant for the engine's splits
             BLOCK_D=triton.next_power_of_2(D),
-            PDL=pdl.enabled(q, use_pdl),
-            **pdl.launch_kwargs(q, use_pdl),
+            **pdl_args(q.device, use_pdl),
         )
     return out
+
+
+# --- programmatic dependent launch (PDL, Hopper and later) ----------------------------------------------------
+# A decode step's CUDA graph runs ~270 kernels back to back, most a few microseconds long, each paying for its start
+# and its tail while the GPU is partly idle. With PDL a kernel may start while the one before it still runs. Each of
+# our decode-step kernels (these two and the attention prologue) calls `pdl_wait()` before it reads what an earlier
+# kernel wrote or writes anything (it returns once the previous kernel, which waited for its own, has finished and its
+# writes are visible), and `pdl_launch_dependents()` after its main loop: the next kernel's programs launch while our
+# last ones store (triggered at the start, whole chains would launch ahead and wait on the SMs). Kernels not ours
+# launch as usual. A decode step is ~10-30 us faster (benchmarks/HISTORY.md). Off on CPU and before Hopper.
+
+
+@lru_cache(None)
+def pdl_args(device: torch.device, wanted: bool = True) -> dict:
+    """The PDL constexpr and launch argument of a kernel on `device`: on where asked for, on Hopper or later."""
+    on = wanted and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return dict(PDL=True, launch_pdl=True) if on else dict(PDL=False)
+
+
+@triton.jit
+def pdl_launch_dependents():
+    tl.inline_asm_elementwise(
+        "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def pdl_wait():
+    tl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=tl.int32, is_pure=False, pack=1)

@@ -1,4 +1,4 @@
-"""The sampler's draw on a GPU (layers/sampler.py; notebook 09): the inverse CDF in two Triton kernels instead of
+"""The sampler's draw on a GPU (layers/sampler.py; notebook 18): the inverse CDF in two Triton kernels instead of
 the exponential race, which needs a random number per logit (39 M a step at batch 256 and a 151,936-token
 vocabulary, which cost the GPU more than reading the logits); the inverse CDF needs one per row. The first kernel
 reads each logits row once and writes per tile of columns its max and softmax mass; the second finds the tile,

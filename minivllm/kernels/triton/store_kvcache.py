@@ -1,7 +1,7 @@
 """store_kvcache: scatter each new token's K and V into its slot of the paged cache, one Triton program
 per token, slot -1 skipped (notebook 06). Runs on CUDA, and unchanged on CPU through the Triton interpreter
-(minivllm/__init__.py sets TRITON_INTERPRET=1 there). The engine's CPU path stores by index assignment
-instead (kernels/torch_attention.py: the interpreter copies the whole cache at each launch)."""
+(minivllm/__init__.py sets TRITON_INTERPRET=1 there). A CPU engine stores with its C++ operator or the masked
+index assignment `store_kvcache_torch` (layers/attention.py): the interpreter copies the whole cache at each launch."""
 
 import torch
 import triton
