@@ -74,3 +74,22 @@ def test_serving():
     assert top["concurrency"] == 128 and numbers(served) == [round(top["output_throughput"])]
     offline = [round(top["offline_output_throughput"]), round(top["served_over_offline"], 2)]
     assert numbers(against)[:2] == offline
+
+
+def test_serving_with_several_api_servers():
+    """The README's H100 rows: 4 API-server processes against offline, and one process's ratio beside it."""
+    gpu = json.loads((RESULTS / "serve_gpu_h100_api_servers.json").read_text())
+    at = {(lv["api_server_count"], lv["concurrency"]): lv for lv in gpu["levels"] if lv["request_rate"] == "inf"}
+    served, against = row("GPU serving on an H100, 4 API-server processes, 16 / 64 / 256 streams").split("|")[:2]
+    want = [round(at[4, n]["output_throughput"]) for n in (16, 64, 256)]
+    assert numbers(served) == [*want, sum(lv["failed"] for lv in gpu["levels"])]
+    one, four = at[1, 256], at[4, 256]
+    quoted = [round(four["served_over_offline"], 2), 256, 99, round(four["p99_ttft_ms"])]  # "TTFT p99 359 ms"
+    quoted += [1, round(one["served_over_offline"], 2), round(one["p99_ttft_ms"])]
+    assert numbers(against) == quoted
+    cpu = json.loads((RESULTS / "serve_cpu_preset_h100_host.json").read_text())
+    at = {(lv["api_server_count"], lv["concurrency"]): lv for lv in cpu["levels"] if lv["request_rate"] == "inf"}
+    served, against = row("CPU serving on a 16-core GPU host (CUDA hidden), 4 API servers, 128 streams").split("|")[:2]
+    assert numbers(served) == [round(at[4, 128]["output_throughput"])]
+    ratios = [round(at[4, 128]["served_over_offline"], 2), 1, round(at[1, 128]["served_over_offline"], 2)]
+    assert numbers(against) == [round(at[4, 128]["offline_output_throughput"]), *ratios]

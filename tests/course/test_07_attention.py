@@ -1,13 +1,14 @@
 """Chapter 07: attention over the paged cache (minivllm/kernels/torch_attention.py: the causal mask, the gather,
 prefill over fresh keys and with a cached prefix, decode) and the paged decode kernel with its online softmax
-and split combine (minivllm/kernels/triton/paged_decode.py, through Triton's interpreter on a CPU), fp32 and bf16.
+and split combine (minivllm/kernels/triton/paged_decode.py, natively on a GPU, through Triton's interpreter on a
+CPU), fp32 and bf16.
 Scores that overflow exp in fp32 catch an online softmax without its running max."""
 
 import pytest
 import torch
 
 from course.paged import attention_exact, attention_fp32, make_paged, sizes
-from helpers.course import DTYPES, assert_close, assert_exact, odd_size, seeded
+from helpers.course import DTYPES, KERNEL_DEVICE, assert_close, assert_exact, odd_size, seeded
 from minivllm.kernels import torch_attention as ta
 from minivllm.kernels.triton.paged_decode import paged_decode
 
@@ -71,6 +72,14 @@ def test_paged_prefill_with_prefix(dtype):
     )
 
 
+def run_kernel(p, q, ctx, scale, splits: int) -> torch.Tensor:
+    """paged_decode on KERNEL_DEVICE, the result back on the CPU beside the truth."""
+    on = lambda t: t.to(KERNEL_DEVICE)
+    tables = on(p.block_tables.clamp(min=0))
+    out = paged_decode(on(q), on(p.k_cache), on(p.v_cache), on(ctx), tables, scale, splits=splits, block_n=16)
+    return out.cpu()
+
+
 def toward_zero(x: torch.Tensor) -> torch.Tensor:
     """x cast to bf16 by dropping the low 16 bits of its fp32 form (what Triton's interpreter does)."""
     bits = x.float().view(torch.int32) & -65536  # 0xFFFF0000
@@ -107,9 +116,9 @@ def test_paged_decode_attention(dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=IDS)
 def test_paged_decode_kernel(dtype, splits):
     p, q, ctx, scale, exact, oracle = decode_case(dtype, 44)
-    got = paged_decode(q, p.k_cache, p.v_cache, ctx, p.block_tables.clamp(min=0), scale, splits=splits, block_n=16)
+    got = run_kernel(p, q, ctx, scale, splits)
     exercise = "combine_splits_kernel" if splits > 1 else "paged_decode_kernel"
-    if dtype == torch.bfloat16:  # Triton's interpreter casts to bf16 toward zero: the reference is one step off
+    if dtype == torch.bfloat16 and KERNEL_DEVICE == "cpu":  # the interpreter casts to bf16 toward zero
         oracle = toward_zero(exact)
     assert_close(got, exact, exercise, f"decode over {splits} split(s)", oracle=oracle, dtype=dtype)
 
@@ -120,7 +129,7 @@ def test_paged_decode_kernel_scores_beyond_exp_range(splits):
     p, q, ctx, scale, exact, oracle = decode_case(torch.float32, 45, scale_values=12.0, lens=[67, 33])
     keys = p.k_cache.flatten(0, 1).double().repeat_interleave(q.shape[1] // p.k_cache.shape[2], dim=1)
     assert torch.einsum("bhd,shd->bhs", q.double(), keys).max() * scale > 100  # exp(100) > fp32's largest
-    got = paged_decode(q, p.k_cache, p.v_cache, ctx, p.block_tables.clamp(min=0), scale, splits=splits, block_n=16)
+    got = run_kernel(p, q, ctx, scale, splits)
     exercise = "paged_decode_kernel" if splits == 1 else "paged_decode_kernel / combine_splits_kernel"
     assert_close(
         got, exact, exercise, "scores up to a few hundred (exp overflows without the running max)", oracle=oracle

@@ -2,8 +2,11 @@
 tiny random Qwen3 checkpoint (sizes not powers of two), against transformers run in fp64: the last-token logits
 of a packed prefill of three prompts, in fp32 and bf16, within the error transformers itself makes in that dtype."""
 
+from pathlib import Path
+
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from helpers.course import DTYPES, assert_close, seeded
@@ -19,7 +22,16 @@ MODEL = "Qwen3Attention.forward / Qwen3DecoderLayer.forward / Qwen3Model.forward
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> str:
     sizes = dict(hidden_size=60, intermediate_size=84, num_attention_heads=6, num_key_value_heads=3, head_dim=14)
-    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("qwen3_course")), "qwen3", **sizes)
+    path = make_tiny_checkpoint(str(tmp_path_factory.mktemp("qwen3_course")), "qwen3", **sizes)
+    # RMSNorm weights of 1 (transformers' init) commute with RoPE's rotation: norm(rope(x)) == rope(norm(x)), so
+    # an attention that rotates before its QK-norm would pass. Weights around 1 make every norm count.
+    weights = Path(path) / "model.safetensors"
+    tensors, gen = load_file(weights), seeded(72)
+    for name, t in tensors.items():
+        if name.endswith("norm.weight"):
+            tensors[name] = (1 + 0.5 * torch.randn(t.shape, generator=gen)).to(t.dtype)
+    save_file(tensors, weights, metadata={"format": "pt"})
+    return path
 
 
 def build(path: str, dtype) -> Qwen3ForCausalLM:
@@ -54,7 +66,8 @@ def test_mlp(dtype):
     w_gu, w_d = mlp.gate_up_proj.weight.double(), mlp.down_proj.weight.double()
     gate, up = (x.double() @ w_gu.T).chunk(2, dim=-1)
     exact = (gate * torch.sigmoid(gate) * up) @ w_d.T
-    g32, u32 = (x.float() @ w_gu.float().T).chunk(2, dim=-1)
+    # the reference's own rounding: each projection accumulates in fp32 and rounds its output once to `dtype`
+    g32, u32 = (x.float() @ w_gu.float().T).to(dtype).float().chunk(2, dim=-1)
     oracle = ((torch.nn.functional.silu(g32) * u32).to(dtype).float() @ w_d.float().T).to(dtype)
     assert_close(mlp(x), exact, "Qwen3MLP.forward", "down(silu(gate) * up)", oracle=oracle, dtype=dtype)
 
