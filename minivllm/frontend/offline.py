@@ -22,9 +22,8 @@ class OfflineAPI(StepAPI):
         whole before anything is queued: one bad prompt refuses all, with every problem named."""
         if is_single_prompt(prompts):
             prompts = [prompts]
-        sampling_params = sampling_params if sampling_params is not None else SamplingParams()
         if not isinstance(sampling_params, list):
-            sampling_params = [sampling_params] * len(prompts)
+            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
         requests, problems = [], []

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minivllm.kernels import torch_attention
+from minivllm.kernels.torch_attention import paged_decode_attention, paged_prefill_attention, varlen_attention
 from minivllm.utils.context import Context
 
 
@@ -87,21 +87,16 @@ class TorchBackend(AttentionBackend):
 
     def __init__(self, decode: Callable | None = None) -> None:
         super().__init__(decode)
-        self.gathers: dict = {}  # the last decode gather, shared by the engine's layers (torch_attention.decode_gather)
+        self.gathers: dict = {}  # the last decode gather, shared by the engine's layers (decode_gather)
 
     def prefill(self, q, k, v, cu_seqlens, max_seqlen: int, scale: float) -> torch.Tensor:
         """Fresh K/V, packed by cu_seqlens: q (N, H, D), k/v (N, Hkv, D) -> (N, H, D)."""
-        return torch_attention.varlen_attention(q, k, v, cu_seqlens, scale)
+        return varlen_attention(q, k, v, cu_seqlens, scale)
 
     def prefill_paged(self, q, k_cache, v_cache, *, cu_seqlens_q, context_lens, block_tables, scale, **_):
-        """New queries, keys from the cache through block_tables (S, M) int32 -> (N, H, D) (the flash kernels'
-        other arguments unused)."""
-        return torch_attention.paged_prefill_attention(
-            q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale
-        )
+        """New queries, keys from the cache through block_tables (S, M) int32 -> (N, H, D)."""
+        return paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale)
 
     def own_decode(self, q, k_cache, v_cache, context_lens, block_tables, scale: float) -> torch.Tensor:
         """One query per sequence: q (B, H, D) -> (B, H, D)."""
-        return torch_attention.paged_decode_attention(
-            q, k_cache, v_cache, context_lens, block_tables, scale, self.gathers
-        )
+        return paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, self.gathers)

@@ -1,9 +1,9 @@
 """The kernel table: `KernelOptions` (the engine's `Config.kernels`), `Ops` (one engine's kernels, each entry a kernel
 or None for the layer's torch definition) and `pick`, the one decision of which kernels an engine runs:
 
-- CUDA: our Triton kernels (`kernels/triton/`) for the norms, SiLU-mul, the fused attention prologue, the KV-cache
-  store, paged decode with the flash backends and the sampler's draw; RoPE outside the prologue via torch.compile
-  (our kernels are no slower than compiled ones, and a process skips dynamo's import and tracing: ~2-3 s).
+- CUDA: our Triton kernels (`kernels/triton/`) for the norms, SiLU-mul, the attention prologue, the KV-cache store,
+  paged decode (flash backends) and the sampler's draw (no slower than torch.compile's, and ~2-3 s less start-up);
+  RoPE outside the prologue through torch.compile.
 - CPU: the C++ operators (`kernels/cpu/`) for the norms, RoPE, SiLU-mul, the store and paged decode where this
   machine built them, else the torch definitions, eager; the linear layers through oneDNN, weights packed at load."""
 

@@ -69,9 +69,7 @@ def check_paged_shapes(
             f"block_tables {tuple(block_tables.shape)} must be (num_seqs={context_lens.shape[0]}, max_blocks)"
         )
     if decode and q.shape[0] != context_lens.shape[0]:
-        raise ValueError(
-            f"decode: {q.shape[0]} queries but {context_lens.shape[0]} context lengths (one query per sequence)"
-        )
+        raise ValueError(f"{q.shape[0]} queries but {context_lens.shape[0]} context lengths (one query per sequence)")
 
 
 def check_tables(context_lens: Tensor, block_tables: Tensor, num_blocks: int, block_size: int) -> None:

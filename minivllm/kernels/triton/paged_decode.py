@@ -178,19 +178,11 @@ def paged_decode(
         return out
     partial = out if splits == 1 else torch.empty(B, H, splits, D, dtype=torch.float32, device=q.device)
     lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device) if splits > 1 else partial
-    group = H // Hkv
+    group, pdl = H // Hkv, pdl_args(q.device, use_pdl)
     grid = (Hkv, B, splits) if heads_fastest else (B, Hkv, splits)
+    args = (q, k_cache, v_cache, block_tables, context_lens, partial, lse, scale, block_tables.stride(0), splits)
     paged_decode_kernel[grid](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        context_lens,
-        partial,
-        lse,
-        scale,
-        block_tables.stride(0),
-        splits,
+        *args,
         NUM_KV_HEADS=Hkv,
         GROUP=group,
         D=D,
@@ -203,18 +195,12 @@ def paged_decode(
         IEEE=q.dtype == torch.float32 or not q.is_cuda,  # the interpreter's bf16 tl.dot is wrong: fp32 there
         num_warps=num_warps,
         num_stages=num_stages,
-        **pdl_args(q.device, use_pdl),
+        **pdl,
     )
     if splits > 1:
+        block_s = max(MAX_SPLITS, triton.next_power_of_2(splits))  # one variant for the engine's splits
         combine_splits_kernel[(B * H,)](
-            partial,
-            lse,
-            out,
-            splits,
-            D=D,
-            BLOCK_S=max(MAX_SPLITS, triton.next_power_of_2(splits)),  # one variant for the engine's splits
-            BLOCK_D=triton.next_power_of_2(D),
-            **pdl_args(q.device, use_pdl),
+            partial, lse, out, splits, D=D, BLOCK_S=block_s, BLOCK_D=triton.next_power_of_2(D), **pdl
         )
     return out
 
