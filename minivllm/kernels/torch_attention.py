@@ -15,15 +15,8 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None = N
     dtype = q.dtype
     if q.device.type == "cpu" and dtype != torch.float32:  # CPU SDPA in bf16 is ~4x slower than in fp32
         q, k, v = q.float(), k.float(), v.float()
-    o = F.scaled_dot_product_attention(
-        q.transpose(1, 2),
-        k.transpose(1, 2),
-        v.transpose(1, 2),
-        attn_mask=mask,
-        is_causal=causal,
-        scale=scale,
-        enable_gqa=True,
-    )
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, L, D)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
     return o.transpose(1, 2).to(dtype)
 
 
@@ -80,9 +73,8 @@ def check_tables(context_lens: Tensor, block_tables: Tensor, num_blocks: int, bl
             f"a context of {max_len} tokens is longer than the block table covers "
             f"({block_tables.shape[1]} blocks x {block_size})"
         )
-    needed = (context_lens[:, None].long() + block_size - 1) // block_size > torch.arange(
-        block_tables.shape[1], device=block_tables.device
-    )
+    entries = torch.arange(block_tables.shape[1], device=block_tables.device)  # (M,)
+    needed = (context_lens[:, None].long() + block_size - 1) // block_size > entries  # (S, M) the entries in use
     used = block_tables[needed]
     if used.numel() and (int(used.max()) >= num_blocks or int(used.min()) < 0):
         raise ValueError(
@@ -149,11 +141,8 @@ class DecodeGather:
     mask: Tensor  # (B, 1, 1, L) bool, True = key j is in sequence b's context
 
     def fits(self, context_lens: Tensor, block_tables: Tensor, cache_blocks: tuple[int, int]) -> bool:
-        return (
-            self.cache_blocks == cache_blocks
-            and torch.equal(self.context_lens, context_lens)
-            and torch.equal(self.block_tables, block_tables)
-        )
+        same = self.cache_blocks == cache_blocks and torch.equal(self.context_lens, context_lens)
+        return same and torch.equal(self.block_tables, block_tables)
 
 
 def decode_gather(

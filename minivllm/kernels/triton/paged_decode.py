@@ -50,12 +50,9 @@ def paged_decode_kernel(
     g = tl.arange(0, BLOCK_G)  # query heads kvh * GROUP + g, g < GROUP
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
-    heads = kvh * GROUP + g
-    q = tl.load(
-        q_ptr + (b * NUM_KV_HEADS * GROUP + heads)[:, None] * D + d[None, :],
-        mask=(g[:, None] < GROUP) & (d[None, :] < D),
-        other=0.0,
-    )  # (BLOCK_G, BLOCK_D)
+    rows = b * NUM_KV_HEADS * GROUP + kvh * GROUP + g  # (BLOCK_G,) rows of q and out: sequence b's query heads
+    row_mask = (g[:, None] < GROUP) & (d[None, :] < D)  # (BLOCK_G, BLOCK_D)
+    q = tl.load(q_ptr + rows[:, None] * D + d[None, :], mask=row_mask, other=0.0)  # (BLOCK_G, BLOCK_D)
     # this split's keys: [start, end), the context cut into num_splits parts of a multiple of BLOCK_N keys
     chunk = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk
@@ -90,12 +87,11 @@ def paged_decode_kernel(
     if PDL:
         pdl_launch_dependents()
     out = acc / tl.where(l > 0, l, 1.0)[:, None]  # an empty split or context: zeros
-    o_mask = (g[:, None] < GROUP) & (d[None, :] < D)
-    o_offs = ((b * NUM_KV_HEADS * GROUP + heads)[:, None] * num_splits + split) * D + d[None, :]
-    tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=o_mask)
+    o_offs = (rows[:, None] * num_splits + split) * D + d[None, :]
+    tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=row_mask)
     if SPLIT:  # log-sum-exp (base 2) of this split's scores
         lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), -float("inf"))
-        tl.store(lse_ptr + (b * NUM_KV_HEADS * GROUP + heads) * num_splits + split, lse, mask=g < GROUP)
+        tl.store(lse_ptr + rows * num_splits + split, lse, mask=g < GROUP)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
