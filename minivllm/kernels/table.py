@@ -115,10 +115,8 @@ def pick(
         cpp_ops.log_choice(options.cpu_ops)  # the C++ operators, or the torch ops
         if options.cpu_ops and ours and cpp_ops.loaded():
             cpp = cpp_ops
-    table = dict(
-        name="+".join(n for n, on in (("triton", triton), ("c++", cpp is not None)) if on) or "torch",
-        compile=options.compile if options.compile is not None else cuda,
-    )
+    name = "+".join(n for n, on in (("triton", triton), ("c++", cpp is not None)) if on) or "torch"
+    table = dict(name=name, compile=cuda if ours else options.compile)  # the torch definitions left: compiled on CUDA
     if not cuda and options.cpu_packed_linear:
         table.update(linear=cpu_linear.linear, pack_linear=cpu_linear.pack)
     if cpp is not None:

@@ -41,10 +41,8 @@ def gather_paged(cache: Tensor, block_table: Tensor, length: int) -> Tensor:
 
 def check_heads(q: Tensor, k: Tensor) -> None:
     if q.dim() != 3 or q.shape[-1] != k.shape[-1] or q.shape[-2] % k.shape[-2] != 0:
-        raise ValueError(
-            f"q {tuple(q.shape)} must be (tokens, heads, head_dim) with the head_dim of k {tuple(k.shape)} "
-            f"and a multiple of its {k.shape[-2]} kv heads"
-        )
+        want = f"(tokens, heads, head_dim) with the head_dim of k {tuple(k.shape)}"
+        raise ValueError(f"q {tuple(q.shape)} must be {want} and a multiple of its {k.shape[-2]} kv heads")
 
 
 def check_paged_shapes(
@@ -52,10 +50,8 @@ def check_paged_shapes(
 ) -> None:
     """The shapes of a paged call (no tensor op, no host sync); `decode`: one query per sequence."""
     if k_cache.shape != v_cache.shape or k_cache.dim() != 4:
-        raise ValueError(
-            f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must both be "
-            "(num_blocks, block_size, kv_heads, head_dim)"
-        )
+        caches = f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)}"
+        raise ValueError(f"{caches} must both be (num_blocks, block_size, kv_heads, head_dim)")
     check_heads(q, k_cache)
     if block_tables.dim() != 2 or block_tables.shape[0] != context_lens.shape[0]:
         raise ValueError(
@@ -69,10 +65,8 @@ def check_tables(context_lens: Tensor, block_tables: Tensor, num_blocks: int, bl
     """Every context fits its table, and every block it uses is in the cache (host syncs)."""
     max_len = int(context_lens.max()) if context_lens.numel() else 0
     if max_len > block_tables.shape[1] * block_size:
-        raise ValueError(
-            f"a context of {max_len} tokens is longer than the block table covers "
-            f"({block_tables.shape[1]} blocks x {block_size})"
-        )
+        covered = f"{block_tables.shape[1]} blocks x {block_size}"
+        raise ValueError(f"a context of {max_len} tokens is longer than the block table covers ({covered})")
     entries = torch.arange(block_tables.shape[1], device=block_tables.device)  # (M,)
     needed = (context_lens[:, None].long() + block_size - 1) // block_size > entries  # (S, M) the entries in use
     used = block_tables[needed]

@@ -47,7 +47,14 @@ def store_kvcache(
     assert slot_mapping.numel() == N, f"slot_mapping has {slot_mapping.numel()} entries for {N} tokens"
     if N == 0:
         return
-    block_d = triton.next_power_of_2(D)  # tl.arange's length must be a power of 2
     store_kvcache_kernel[(N,)](
-        key, key.stride(0), value, value.stride(0), k_cache, v_cache, slot_mapping, D=D, BLOCK_D=block_d
+        key,
+        key.stride(0),
+        value,
+        value.stride(0),
+        k_cache,
+        v_cache,
+        slot_mapping,
+        D=D,
+        BLOCK_D=triton.next_power_of_2(D),
     )
