@@ -45,8 +45,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/helpers
 from helpers.benchmark import save_json
-from minivllm.engine.tp_workers import CORE, TP_WORKER, free_port
+from minivllm.engine.tp_workers import TP_WORKER, free_port
 from minivllm.serve.api_servers import API_SERVER
+from minivllm.serve.core import CORE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RANDOM_QWEN3 = "random-qwen3-0.6b"

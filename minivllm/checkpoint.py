@@ -10,18 +10,9 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig, Pretrained
 
 # what the engine reads from a checkpoint's config.json (the model's shape, its norm, activation and RoPE)
 ENGINE_KEYS = (
-    "architectures",
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "max_position_embeddings",
-    "rms_norm_eps",
-    "hidden_act",
-    "tie_word_embeddings",
+    ("architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    + ("num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "hidden_act")
+    + ("tie_word_embeddings",)
 )
 
 

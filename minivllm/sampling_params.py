@@ -1,8 +1,7 @@
 """Per-request sampling parameters with vLLM's names, meanings and defaults: plain data. They are checked where a
-request is accepted (frontend/sampling_checks.py, called by the Processor that LLM and the server run): a bad
-value is a ValueError that names the field, and vLLM's other spellings are normalised there (top_k -1, a
-temperature below 1e-5 as greedy).
-The pipeline they drive, in order: frontend/sampling_inputs.py."""
+request is accepted (frontend/sampling_checks.py, called by the Processor that LLM and the server run): a bad value is a
+ValueError that names the field, and vLLM's other spellings are normalised there (top_k -1, a temperature below 1e-5 as
+greedy). The pipeline they drive, in order: frontend/sampling_inputs.py."""
 
 import copy
 from dataclasses import dataclass, field

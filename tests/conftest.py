@@ -9,6 +9,11 @@ import shutil
 import pytest
 import torch
 
+# Triton's interpreter without CUDA, as minivllm/__init__.py sets it, but before transformers can import triton: a
+# triton imported first leaves its own @jit helpers (tl.sum) compiled-only, and an interpreted kernel cannot call them
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from helpers.tiny_model import CHAT_TEMPLATE, TINY_LLAMA, make_tiny_checkpoint
 
 TOLERANCES = {

@@ -108,9 +108,8 @@ class BlockManager:
             seq.num_hashed_blocks += 1
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached block (vLLM's reset_prefix_cache: benchmarks start cold). Only when no block is
-        in use: a running sequence chains its next blocks' hashes on its registered ones. Returns whether it
-        reset."""
+        """Forget every cached block (vLLM's reset_prefix_cache: benchmarks start cold). Only when no block is in use: a
+        running sequence chains its next blocks' hashes on its registered ones. Returns whether it reset."""
         if self.used_block_ids:
             return False
         self.hash_to_block_id.clear()

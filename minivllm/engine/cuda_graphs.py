@@ -1,11 +1,10 @@
 """CUDA graphs for decode steps (nano-vllm's capture_cudagraph; notebook 13).
 
-A decode step of a small model is hundreds of short kernels, and launching them one by one from Python
-costs more than running them. A CUDA graph records the launches once per batch size and replays them with
-one call. A graph reads its inputs from fixed addresses, so every decode input lives in one persistent
-device buffer (`step_inputs.DecodeLayout`) that the runner refreshes before each replay; a batch is padded
-up to the next captured size (padding rows write nothing and attend to nothing). Graphs share one memory
-pool, captured largest first so the smaller ones fit in its blocks."""
+A decode step of a small model is hundreds of short kernels, and launching them one by one from Python costs more than
+running them. A CUDA graph records the launches once per batch size and replays them with one call. A graph reads its
+inputs from fixed addresses, so every decode input lives in one persistent device buffer (`step_inputs.DecodeLayout`)
+that the runner refreshes before each replay; a batch is padded up to the next captured size (padding rows write nothing
+and attend to nothing). Graphs share one memory pool, captured largest first so the smaller ones fit in its blocks."""
 
 from collections.abc import Callable, Hashable
 
@@ -89,7 +88,7 @@ def decode_step(runner, bs: int) -> None:
 def replay(runner, inp, need_logits: bool) -> torch.Tensor | None:
     """A decode step of `runner` (a StepInput) by its graph: the logits of its sequences, or None when the graph
     sampled and they are not needed (its tokens are in `runner.last_sampled`)."""
-    t = runner.buffers.upload_decode(inp)
+    t = runner.buffers.upload_step(inp, at_layout=True)
     if inp.src is not None and not runner.sample_in_graph:
         runner.feed_pending(t["input_ids"], t["src"])
     runner.graphs.replay(inp.input_ids.shape[0])

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from minivllm.checkpoint import eos_token_ids, load_tokenizer
 from minivllm.config import Config
-from minivllm.engine import request as per_request  # requests that fail alone, prompt logprobs
+from minivllm.engine import request as per_request  # requests that fail alone
 from minivllm.engine.model_runner import ModelRunner
 from minivllm.engine.request import EngineOutput, EngineRequest, Launched, StepRecord
 from minivllm.engine.scheduler import Scheduler
@@ -84,7 +84,7 @@ class LLMEngine:
 
     def schedule(self, request: EngineRequest) -> None:
         """Hand a request's sequences to the scheduler (those that must wait for the first one's prompt wait)."""
-        share = self.config.enable_prefix_caching and request.num_prompt_tokens > self.config.kvcache_block_size
+        share = self.config.enable_prefix_caching and request.seqs[0].num_prompt_tokens > self.config.kvcache_block_size
         for seq in request.start(share_prompt=share):
             self.scheduler.add(seq)
 
@@ -146,9 +146,7 @@ class LLMEngine:
             return None
         is_prefill = any(s.num_scheduled_tokens != 1 or s.num_computed_tokens != s.num_tokens - 1 for s in seqs)
         t1 = time.perf_counter()
-        seqs, handle = per_request.launch_alone_at_fault(
-            self, seqs, is_prefill
-        )  # without requests whose own inputs fail
+        seqs, handle = per_request.launch_alone_at_fault(self, seqs, is_prefill)  # without requests at fault alone
         if not seqs:
             return None
         sampled = self.scheduler.on_launch(seqs)
@@ -159,7 +157,9 @@ class LLMEngine:
         what each sequence got."""
         t = time.perf_counter()  # postprocess includes the wait for the GPU (StepRecord: where the wall time went)
         tokens, logprobs = launched.handle.result()
-        outputs = per_request.prompt_logprobs_outputs(self.sampling_hook, launched)  # sampling hook: prompt logprobs
+        outputs = []
+        if launched.handle.prompt_logprobs is not None:  # sampling hook: the prompt logprobs a prefill step scored
+            outputs = self.sampling_hook.prompt_logprobs_outputs(launched.seqs, *launched.handle.prompt_logprobs)
         live = [(seq, pos) for seq, pos in launched.sampled if not seq.is_finished]  # an aborted one's is dropped
         self.scheduler.on_result(launched.seqs, launched.sampled, tokens)
         if self.sampling_hook is not None:  # sampling hook: grammars take the tokens (one may end its sequence)

@@ -28,17 +28,11 @@ EMPTY = torch.tensor([])  # an attention layer's cache before the runner gives i
 
 
 class ModelRunner:
-    def __init__(
-        self,
-        config: Config,
-        rank: int = 0,
-        port: int = 0,
-        workers=None,  # rank 0 of a tensor-parallel engine: its tp_workers.Workers
-        reporter=None,  # a worker: its tp_workers.Reporter
-    ) -> None:
+    def __init__(self, config: Config, rank: int = 0, port: int = 0, workers=None, reporter=None) -> None:
+        """`workers`: rank 0's of a tensor-parallel engine (tp_workers.Workers); `reporter`: a worker's pipe to rank 0,
+        on which it reports each start-up phase done (`checkpoint`)."""
         start = time.perf_counter()
         self.config = config
-        self.vocab_size = config.hf_config.vocab_size
         self.block_size = config.kvcache_block_size
         self.world_size = config.tensor_parallel_size
         self.rank = rank
@@ -61,10 +55,11 @@ class ModelRunner:
             self.timed("load", self.load_model)
             self.checkpoint("loaded the model")
             self.startup_seconds.update(self.compile_ahead.wait())  # the kernels compiled ahead, before the warm-up
-            self.timed("warmup", self.warmup_model, gpu)  # on CPU nothing compiles; its cache has a byte budget
+            # the largest prefill and the sampler (kernels/startup/warmup.py); a CPU's KV cache has a byte budget
+            self.timed("warmup", lambda: self.compile_ahead.warmup_model(self), gpu)
             self.timed("kv_cache", self.allocate_kv_cache)
             self.checkpoint("allocated the KV cache")
-            self.timed("warmup_attention", self.warmup_attention, gpu)
+            self.timed("warmup_attention", lambda: self.compile_ahead.warmup_attention(self), gpu)  # over the cache
             self.timed("capture", self.capture_cudagraph, not self.enforce_eager)
             self.checkpoint("captured the CUDA graphs")
         except BaseException:
@@ -122,7 +117,7 @@ class ModelRunner:
     def checkpoint(self, phase: str) -> None:
         """Start-up: a worker reports `phase` done; rank 0 waits until every worker has (tp_workers.py)."""
         if self.reporter is not None:
-            self.reporter.checkpoint(phase)
+            self.reporter.send(("done", phase, None))
         elif self.workers is not None:
             self.workers.wait_for(phase)
 
@@ -130,14 +125,11 @@ class ModelRunner:
         return step_inputs.prepare_prefill(seqs, self.block_size, keys_from_cache=self.prefill_keys_from_cache)
 
     def prepare_decode(self, seqs: list[Sequence]) -> StepInput:
-        graphs = not self.enforce_eager
-        return step_inputs.prepare_decode(
-            seqs,
-            self.block_size,
-            rows=self.graphs.padded(len(seqs)) if graphs else len(seqs),  # pad up to a captured size
-            table_width=self.max_num_blocks if graphs else None,  # graphs read a fixed layout
-            always_feed=self.sample_in_graph,
-        )
+        if self.enforce_eager:
+            return step_inputs.prepare_decode(seqs, self.block_size, rows=len(seqs))
+        # a graph's batch: padded up to a captured size, its block tables in a fixed layout
+        rows, width, feed = self.graphs.padded(len(seqs)), self.max_num_blocks, self.sample_in_graph
+        return step_inputs.prepare_decode(seqs, self.block_size, rows=rows, table_width=width, always_feed=feed)
 
     def prepare_sample(self, seqs: list[Sequence], in_graph: bool) -> torch.Tensor | None:
         """The rows' temperatures (B,) float32 on the device; None: all greedy and no graph reads them (argmax)."""
@@ -207,12 +199,6 @@ class ModelRunner:
         """input_ids[i] = previous step's sampled token src[i] where src[i] >= 0, on the device (no sync)."""
         fed = self.last_sampled[src.clamp(min=0).long()].to(input_ids.dtype)
         torch.where(src >= 0, fed, input_ids, out=input_ids)
-
-    def warmup_model(self) -> None:
-        self.compile_ahead.warmup_model(self)  # the largest prefill and sampler (kernels/startup/warmup.py)
-
-    def warmup_attention(self) -> None:
-        self.compile_ahead.warmup_attention(self)  # a prefill over the cache, once the cache is there
 
     def allocate_kv_cache(self) -> None:
         block_bytes = kv_block_bytes(self.config, self.dtype)

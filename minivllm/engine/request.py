@@ -1,16 +1,11 @@
 """What enters and leaves the engine (llm_engine.py), per request and per step (vLLM V1's EngineCoreRequest /
 EngineCoreOutput): a request's `n` sequences as the engine keeps them, what one sequence got in one step (token ids,
-never text: the front end's output processor detokenises and gathers prompt log-probabilities chunk by chunk,
-frontend/output_processor.py), and a launched step (model_runner.py's `launch`) whose sampled tokens are on their way
-back to the host.
+never text: the front end's output processor detokenises, frontend/output_processor.py), and a launched step
+(model_runner.py's `launch`) whose sampled tokens are on their way back to the host.
 
-With prefix caching, sequences 1..n-1 of a request whose prompt fills a block wait until sequence 0 has computed
-the prompt (its first token arrived): they then find its blocks in the prefix cache, so the prompt is computed
-once. A request ends alone (`end`): aborted, or failed on its own error (a grammar that does not compile, step
-inputs that fail to build: finish_reason "error", the message in stop_reason), its sequences finish with that
-reason, their blocks freed at once, also while a step that computes it is in flight (that step's token for it is
-discarded when it arrives). So does a sequence whose text reached a stop string (`stop`). Only an error no
-request alone causes stops the engine."""
+A request ends alone: aborted, or failed on its own error (a grammar that does not compile, step inputs that fail to
+build: finish_reason "error", the message in stop_reason), its blocks freed at once, even while a step that computes it
+is in flight (that step's token for it is discarded). Only an error no request alone causes stops the engine."""
 
 import time
 from dataclasses import dataclass, field, replace
@@ -31,22 +26,19 @@ class EngineOutput:
     finish_reason: str | None = None  # "stop" (EOS, stop token, grammar's end), "length", "abort", "error"; None: runs
     stop_reason: int | str | None = None  # the stop token id that ended it (None for EOS); "error": the message
     new_logprobs: list[tuple] | None = None  # per new token (top ids, top logprobs, logprob, rank), when asked
-    prompt_logprobs: tuple[int, list[tuple]] | None = (
-        None  # a prefill chunk's: (first prompt token index, rows as above)
-    )
+    prompt_logprobs: tuple[int, list[tuple]] | None = None  # a prefill chunk's: (first prompt index, rows as above)
 
 
 @dataclass(slots=True)
 class EngineRequest:
-    """A request in the engine: its n sequences (child i seeded seed + i, as vLLM)."""
+    """A request in the engine: its n sequences."""
 
     seqs: list[Sequence]
     deferred: list[Sequence] = field(default_factory=list)  # waiting for seqs[0] to compute the shared prompt
 
     @classmethod
     def make(cls, request_id: str, prompt_token_ids: list[int], params: SamplingParams, max_model_len: int):
-        """The request's n sequences, child i drawing from seed + i (as vLLM); max_tokens None: up to the model's
-        length."""
+        """The request's n sequences, child i seeded seed + i (as vLLM); max_tokens None: up to the model's length."""
         if params.max_tokens is None:
             params = replace(params, max_tokens=max_model_len - len(prompt_token_ids))
         seqs = []
@@ -56,14 +48,10 @@ class EngineRequest:
             seqs.append(Sequence(prompt_token_ids, child, request_id, i))
         return cls(seqs)
 
-    @property
-    def num_prompt_tokens(self) -> int:
-        return self.seqs[0].num_prompt_tokens
-
     def start(self, share_prompt: bool) -> list[Sequence]:
         """The sequences to schedule now: with `share_prompt` (prefix caching, a prompt longer than a block) the
-        first only, the others deferred until it has computed the prompt (not when prompt logprobs are asked: those
-        score every position)."""
+        first only, the others deferred until it has computed the prompt, which they then find in the prefix cache
+        (not when prompt logprobs are asked: those score every position)."""
         if share_prompt and self.seqs[0].sampling_params.prompt_logprobs is None and len(self.seqs) > 1:
             self.deferred = self.seqs[1:]
             return self.seqs[:1]
@@ -108,8 +96,7 @@ class EngineRequest:
 
 
 def fail(engine, request_id: str, message: str) -> None:
-    """End a request on its own error: its outputs come in the engine's next step()'s, the message their
-    stop_reason."""
+    """End a request on its own error: its outputs ("error", `message`) come in the engine's next step()'s."""
     engine.failed += engine.requests.pop(request_id).end(engine.scheduler, "error", message)
 
 
@@ -143,19 +130,6 @@ def launch_alone_at_fault(engine, seqs: list[Sequence], is_prefill: bool) -> tup
     return seqs, r.launch(seqs, is_prefill, hook) if seqs else None
 
 
-def prompt_logprobs_outputs(hook, launched: "Launched") -> list[EngineOutput]:
-    """A prefill step's prompt log-probabilities (sampling hook): an output with no token per sequence that asked,
-    carrying its chunk's rows, which the front end gathers (frontend/output_processor.py)."""
-    if launched.handle.prompt_logprobs is None:  # no row asked
-        return []
-    outputs = []
-    for row, first, entries in hook.prompt_logprobs_rows(*launched.handle.prompt_logprobs):
-        seq = launched.seqs[row]
-        if not seq.is_finished:
-            outputs.append(EngineOutput(seq.request_id, seq.index, [], prompt_logprobs=(first, entries)))
-    return outputs
-
-
 # --- a launched step ---
 
 
@@ -175,11 +149,9 @@ class StepHandle:
             self.event.record()
 
     def result(self) -> tuple[list[int], dict[int, tuple]]:
-        if self.event is None:
-            tokens = self.tokens.tolist()
-        else:
+        if self.event is not None:  # GPU: wait for the copy into the pinned host buffer
             self.event.synchronize()
-            tokens = self.host[: self.n].tolist()
+        tokens = self.tokens.tolist() if self.event is None else self.host[: self.n].tolist()
         return tokens, self.logprobs.tolists() if self.logprobs is not None else {}
 
 

@@ -1,12 +1,11 @@
 """One step's inputs: built on the host with numpy from the scheduled sequences (nano-vllm's prepare_prefill /
-prepare_decode, here plain functions that tests call without a model), then copied to the device in one
-transfer through a persistent pinned buffer (`InputBuffers`).
+prepare_decode, here plain functions that tests call without a model), then copied to the device in one transfer through
+a persistent pinned buffer (`InputBuffers`).
 
-A step computes `num_scheduled_tokens` tokens of each sequence, starting at `num_computed_tokens`: a whole
-prompt, a chunk of one, or the one token of a decode. Token t of a sequence lives in cache slot
-`block_table[t // block_size] * block_size + t % block_size` (notebook 11 draws it). A token that is still
-being sampled by the previous step (PENDING, the engine runs one step ahead) is fed from that step's output
-on the device: `src` says from which row."""
+A step computes `num_scheduled_tokens` tokens of each sequence, starting at `num_computed_tokens`: a whole prompt, a
+chunk of one, or the one token of a decode. Token t of a sequence lives in cache slot `block_table[t // block_size] *
+block_size + t % block_size` (notebook 11 draws it). A token that is still being sampled by the previous step (PENDING,
+the engine runs one step ahead) is fed from that step's output on the device: `src` says from which row."""
 
 from dataclasses import dataclass
 
@@ -76,8 +75,7 @@ def prepare_prefill(seqs: list[Sequence], block_size: int, *, keys_from_cache: b
     cached = keys_from_cache or bool((starts > 0).any())  # attention reads the keys by block table
     rows = np.repeat([s.sample_row for s in seqs], ends - starts)
     # the scheduler puts decoding sequences first: their one query each attends like a decode step, in one batched
-    # decode call (on CPU instead of a Python loop per sequence: -7% on a chunked workload; on a GPU about even,
-    # the rows' KV reads cost the same in either kernel)
+    # decode call (on CPU 7% faster than a loop per sequence on a chunked workload; on a GPU about even)
     one = ends - starts == 1
     num_decode_rows = int(one.argmin()) if not one.all() else len(seqs)
     return StepInput(
@@ -152,19 +150,14 @@ class DecodeLayout:
         S = self.max_seqs
         return dict(input_ids=S, positions=S, slot_mapping=S, context_lens=S, block_tables=S * self.max_blocks, src=S)
 
-    def placed(self) -> tuple[dict[str, int], int]:
-        """Each field's offset (16-byte aligned), and the end of the last one: the buffer's size."""
-        offsets, end = {}, 0
-        for name, width in self.widths().items():
-            offsets[name], end = end, aligned(end + width)
-        return offsets, end
-
     def offsets(self) -> dict[str, int]:
-        return self.placed()[0]
+        """Each field's start (16-byte aligned: the fields before it rounded up to ALIGN)."""
+        starts = np.cumsum([0] + [aligned(w) for w in self.widths().values()])  # (fields + 1,)
+        return dict(zip(self.widths(), starts.tolist()))
 
     @property
     def size(self) -> int:
-        return self.placed()[1]
+        return sum(aligned(w) for w in self.widths().values())
 
     def views(self, buffer: torch.Tensor) -> dict[str, torch.Tensor]:
         """Named views of `buffer`; block_tables is (S, M)."""
@@ -205,18 +198,13 @@ class InputBuffers:
         self.ints[:end].copy_(host[:end], non_blocking=True)
         return [self.ints[o : o + a.size].view(a.shape) for o, a in zip(starts, arrays)]
 
-    def upload_step(self, inp: StepInput) -> dict[str, torch.Tensor]:
-        """Every array of a step (those that are not None), packed back to back; returns device views by name."""
+    def upload_step(self, inp: StepInput, *, at_layout: bool = False) -> dict[str, torch.Tensor]:
+        """Every array of a step (those that are not None) in one transfer: packed back to back, or with `at_layout`
+        (a decode step) at the decode layout's fixed offsets, which the graphs read. Returns device views by name."""
         names = ["input_ids", "positions", "slot_mapping", "context_lens", "cu_seqlens_q", "cu_seqlens_k"]
-        names = [n for n in names + ["block_tables", "src"] if getattr(inp, n) is not None]
-        return dict(zip(names, self.upload([getattr(inp, n) for n in names])))
-
-    def upload_decode(self, inp: StepInput) -> dict[str, torch.Tensor]:
-        """A decode step's inputs at the layout's fixed offsets; returns the views of this batch."""
-        offsets = self.layout.offsets()  # the layout names the fields; src only when something is fed
-        names = [n for n in offsets if getattr(inp, n) is not None]
-        views = self.upload([getattr(inp, n) for n in names], [offsets[n] for n in names])
-        return dict(zip(names, views))
+        names = [n for n in names + ["block_tables", "src"] if getattr(inp, n) is not None]  # in the layout's order
+        offsets = [self.layout.offsets()[n] for n in names] if at_layout else None
+        return dict(zip(names, self.upload([getattr(inp, n) for n in names], offsets)))
 
     def upload_floats(
         self, temperatures: list[float], top_ps: list[float] | None
@@ -224,12 +212,10 @@ class InputBuffers:
         """Temperatures (and top-p values) of a batch, on the device: (n,) and (n,) or None."""
         S, n = self.layout.max_seqs, len(temperatures)
         host = self.host_floats[self.parity]
-        staged = host.numpy()
-        staged[:n] = temperatures
-        end = n
+        host.numpy()[:n] = temperatures
         if top_ps is not None:
-            staged[S : S + n] = top_ps
-            end = S + n
+            host.numpy()[S : S + n] = top_ps
+        end = S + n if top_ps is not None else n
         self.floats[:end].copy_(host[:end], non_blocking=True)
         return self.floats[:n], self.floats[S : S + n] if top_ps is not None else None
 

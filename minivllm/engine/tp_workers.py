@@ -7,14 +7,13 @@ this with shared memory and events inside model_runner.py; pipes are simpler and
 
 Start-up is where a worker is most likely to die (an import that fails in the spawned process, an
 out-of-memory error while loading). Rank 0 must never wait on a collective for a rank that is gone, so
-every rank reports each start-up phase (`checkpoint`), and rank 0 waits for those reports, watching each
-worker's process, before it enters the next phase's collectives: a dead or failed worker ends the engine's
-construction at once, with an error naming its rank.
+every worker reports each start-up phase on its pipe (`checkpoint`), and rank 0 waits for those reports, watching
+each worker's process, before it enters the next phase's collectives: a dead or failed worker ends the engine's
+construction at once, with an error naming its rank and the phases it had done.
 
 Each engine has a process group of its own over its ranks (`new_engine_group`), which the runner passes to the
-parallel layers when it builds the model; they call `dist.all_reduce(y, group=self.group)` (notebook 04 explains
-the two all_reduces per layer, notebook 05 the vocabulary gather). Nothing here is process-wide: the driver
-process may hold several tensor-parallel engines, each with its own group, and a worker process serves one."""
+parallel layers when it builds the model (notebook 04 explains their two all_reduces, notebook 05 the vocabulary
+gather). Nothing here is process-wide: one process may hold several tensor-parallel engines."""
 
 import multiprocessing.connection
 import os
@@ -31,11 +30,9 @@ from minivllm.config import Config
 
 TIMEOUT = timedelta(minutes=10)  # a rank that does not join (or answer) within this fails the collective
 
-# the names `ps` and `top` show for the engine's processes (vLLM names its engine core the same way), which are
-# otherwise all "python3"; benchmarks/bench_serve.py reads them to tell the engine's CPU time from the API server's
-CORE = "minivllm-core"  # the engine core process (serve/core.py)
-TP_WORKER = "minivllm-tp"  # + the rank: a tensor-parallel worker (below)
-TOKENIZER = "minivllm-tok"  # a tokenizer pool worker of the API server (serve/tokenizer_pool.py)
+# + the rank: what `ps` and `top` show for a tensor-parallel worker instead of "python3" (the server names its
+# processes alike); benchmarks/bench_serve.py reads the names to tell the engine's CPU time from the API server's
+TP_WORKER = "minivllm-tp"
 
 
 def set_process_name(name: str) -> None:
@@ -102,6 +99,7 @@ class Workers:
             child.close()  # the worker holds its end: a dead worker makes recv() fail instead of wait
             self.processes.append(process)
             self.conns.append(parent)
+        self.done = "nothing yet"  # the last start-up phase every worker reported (a pipe delivers in order)
 
     def send(self, method: str, arg) -> None:
         for conn in self.conns:
@@ -128,9 +126,10 @@ class Workers:
                         f"{main_hint()}"
                     ) from None
                 if kind == "failed":
-                    raise WorkerError(f"tensor-parallel worker rank {rank} failed (phases done: {what}): {detail}")
+                    raise WorkerError(f"tensor-parallel worker rank {rank} failed (phases done: {self.done}): {detail}")
                 assert (kind, what) == ("done", phase), f"worker rank {rank} reported {kind} {what}, expected {phase}"
                 del waiting[rank]
+        self.done = phase
 
     def exit(self, timeout: float = 30) -> None:
         for conn in self.conns:
@@ -157,29 +156,16 @@ def main_hint() -> str:
     return " (its error is printed above)"
 
 
-class Reporter:
-    """A worker's side of the start-up protocol: `checkpoint(phase)` tells rank 0 that `phase` is done."""
-
-    def __init__(self, conn) -> None:
-        self.conn = conn
-        self.done = "nothing yet"  # the last phase reported
-
-    def checkpoint(self, phase: str) -> None:
-        self.conn.send(("done", phase, None))
-        self.done = phase
-
-
 def worker_main(runner_class: type, config: Config, rank: int, port: int, conn) -> None:
     """A tensor-parallel worker: build its ModelRunner (`runner_class`), then run whatever rank 0 sends until it says
     exit or goes away."""
     set_process_name(f"{TP_WORKER}{rank}")
-    reporter = Reporter(conn)
     try:
-        runner = runner_class(config, rank=rank, port=port, reporter=reporter)
+        runner = runner_class(config, rank=rank, port=port, reporter=conn)  # it reports each phase done on `conn`
     except BaseException as e:
         detail = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}"
         try:
-            conn.send(("failed", reporter.done, detail))
+            conn.send(("failed", None, detail))
         except (BrokenPipeError, OSError):
             pass
         raise

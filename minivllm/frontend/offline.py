@@ -1,91 +1,29 @@
 """vLLM's offline API, the front end of `LLM` (llm.py): `LLM(model_dir, **engine_args)` with `generate(prompts,
-sampling_params)`, `chat(messages, sampling_params)`, `get_tokenizer()` and `reset_prefix_cache()`, around the engine
-(engine/llm_engine.py) as vLLM's LLMEngine is around its engine core: engine arguments take vLLM's names
-(engine_args.py), a request is tokenized and checked (processor.py) before the engine queues it, the engine is given
-the sampling extras (sampling_extras.py), and what each step emits (token ids) becomes RequestOutputs in the one
-output processor (output_processor.py). Its step API, `add_request(request_id, prompt, params)`,
-`abort_request(ids)`, `step() -> list[RequestOutput]`, is what `generate` drives until its requests are done and
-what the async engine's thread drives (serve/async_llm.py). Prompts take every form of inputs.py."""
+sampling_params)` and `chat(messages, sampling_params)`, which queue their requests through the step API
+(step_api.py: tokenized and checked, every prompt form of inputs.py) and step the engine until they are done."""
 
 import time
-from itertools import count
 
 from tqdm import tqdm
 
-from minivllm.frontend.engine_args import config_args
 from minivllm.frontend.inputs import is_conversation, is_single_prompt, render_chat
-from minivllm.frontend.output_processor import OutputProcessor
 from minivllm.frontend.outputs import RequestOutput
-from minivllm.frontend.processor import Processor
-from minivllm.frontend.requests import Request
-from minivllm.frontend.sampling_extras import SamplingExtras
+from minivllm.frontend.step_api import StepAPI
 from minivllm.sampling_params import RequestOutputKind, SamplingParams
 
 
-class OfflineAPI:
-    """vLLM's offline API over an engine: `LLM` is this class over LLMEngine (llm.py), each method here calling the
-    engine's own through `super()`."""
-
-    def __init__(self, model: str, **kwargs) -> None:
-        super().__init__(model, sampling_hook=SamplingExtras, **config_args(kwargs))
-        self.output_processor = OutputProcessor(self.tokenizer)
-        self.request_counter = count()
-
-    def get_tokenizer(self):
-        return self.tokenizer
-
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.requests)
-
-    # --- the step API, with the front end ---------------------------------------------------------------
-
-    @property
-    def processor(self) -> Processor:
-        """Tokenizes and checks requests against this engine's limits (processor.py)."""
-        return Processor.of(self.config, self.tokenizer)
-
-    def add_request(self, request_id: str, prompt, params: SamplingParams | None = None) -> None:
-        """Queue a request (vLLM's signature): `prompt` in any form of minivllm/frontend/inputs.py, or a Request that
-        a Processor made already (in another thread, with its own tokenizer). It joins the batch at the next step.
-        Raises ValueError / TypeError naming the problem; a refused request leaves nothing behind."""
-        request = prompt if isinstance(prompt, Request) else self.processor.process(request_id, prompt, params)
-        self.output_processor.add_request(request)  # (ValueError: the id is in use)
-        try:
-            super().add_request(request.request_id, request.prompt_token_ids, request.params)
-        except BaseException:
-            self.output_processor.abort_requests([request.request_id])
-            raise
-
-    def abort_request(self, request_id: str | list[str]) -> list[RequestOutput]:
-        """Abort requests (unknown or finished ids are ignored); their blocks are freed now. Returns their final
-        outputs (finish_reason "abort")."""
-        ids = [request_id] if isinstance(request_id, str) else list(request_id)
-        outputs, _ = self.output_processor.process(super().abort_request(ids))
-        self.output_processor.abort_requests(ids)
-        return outputs
-
-    def step(self) -> list[RequestOutput]:
-        """One engine step; the outputs of the requests that got tokens (per their output_kind). A sequence whose
-        text reached a stop string ends in the engine before the next step."""
-        outputs, stopped = self.output_processor.process(super().step())
-        self.finish_sequences(stopped)
-        return outputs
-
-    # --- offline generation ---------------------------------------------------------------------------
+class OfflineAPI(StepAPI):
+    """vLLM's offline API over an engine: `LLM` is this class over LLMEngine (llm.py)."""
 
     def generate(
-        self,
-        prompts,
-        sampling_params: SamplingParams | list[SamplingParams] | None = None,
-        use_tqdm: bool = True,
+        self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = True
     ) -> list[RequestOutput]:
         """Outputs of `prompts` (one prompt or a list), in input order, when all are done. The batch is checked
         whole before anything is queued: one bad prompt refuses all, with every problem named."""
         if is_single_prompt(prompts):
             prompts = [prompts]
-        sampling_params = sampling_params if sampling_params is not None else SamplingParams()
         if not isinstance(sampling_params, list):
-            sampling_params = [sampling_params] * len(prompts)
+            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"{len(sampling_params)} sampling params for {len(prompts)} prompts")
         requests, problems = [], []

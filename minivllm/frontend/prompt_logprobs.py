@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minivllm.engine.request import EngineOutput
 from minivllm.engine.sequence import Sequence
 from minivllm.frontend.logprobs import LogprobsTensors, add_sampled, raw_logprobs
 
@@ -62,11 +63,16 @@ def score(lm_head, hidden: torch.Tensor, p: PromptScoring) -> LogprobsTensors:
     return LogprobsTensors(list(range(len(p.index))), *(cat(name) for name in names))
 
 
-def split(p: PromptScoring, scored: LogprobsTensors) -> list[tuple[int, int, list[tuple]]]:
-    """(batch row, first prompt token index, [(top ids, top logprobs, logprob, rank)] per token) per row."""
+def outputs(seqs: list[Sequence], p: PromptScoring, scored: LogprobsTensors) -> list[EngineOutput]:
+    """An output with no token per scored sequence still running (`seqs`: the step's batch), carrying its chunk's
+    rows: (first prompt token index, [(top ids, top logprobs, logprob, rank)] per token), which the output
+    processor gathers."""
     entries = scored.tolists()
     out, start = [], 0
     for row, first, n in zip(p.rows, p.firsts, p.counts):
-        out.append((row, first, [entries[i] for i in range(start, start + n)]))
+        seq = seqs[row]
+        if not seq.is_finished:
+            rows = [entries[i] for i in range(start, start + n)]
+            out.append(EngineOutput(seq.request_id, seq.index, [], prompt_logprobs=(first, rows)))
         start += n
     return out

@@ -6,6 +6,7 @@ logits_processors.py, logprobs.py), prompt log-probabilities (prompt_logprobs.py
 
 import torch
 
+from minivllm.engine.request import EngineOutput
 from minivllm.engine.sequence import Sequence
 from minivllm.frontend import prompt_logprobs
 from minivllm.frontend.penalties import needs_history
@@ -38,8 +39,8 @@ class SamplingExtras:
         kw = dict(device=device, eos=self.eos, vocab=self.vocab_size)
         return failing_requests(seqs, prepare_inputs, buffers, **kw)
 
-    def prompt_logprobs_rows(self, plan, scored) -> list[tuple[int, int, list[tuple]]]:
-        return prompt_logprobs.split(plan, scored)
+    def prompt_logprobs_outputs(self, seqs: list[Sequence], plan, scored) -> list[EngineOutput]:
+        return prompt_logprobs.outputs(seqs, plan, scored)
 
     def needs_history(self, seqs: list[Sequence]) -> bool:
         return any(needs_history(s.sampling_params) or s.sampling_params.structured_outputs for s in seqs)

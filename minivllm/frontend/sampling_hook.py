@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 import torch
 
+from minivllm.engine.request import EngineOutput
 from minivllm.engine.sequence import Sequence
 
 
@@ -36,8 +37,9 @@ class SamplingHook(Protocol):
         """A step failed to launch: request id -> the error of each request whose sequences fail alone (each one's
         step inputs, `prepare_inputs([seq])`, and sampling inputs prepared as a batch of one)."""
 
-    def prompt_logprobs_rows(self, plan: Any, scored: Any) -> list[tuple[int, int, list[tuple]]]:
-        """A step's prompt log-probabilities as (batch row, first prompt token index, rows) per sequence."""
+    def prompt_logprobs_outputs(self, seqs: list[Sequence], plan: Any, scored: Any) -> list[EngineOutput]:
+        """A prefill step's prompt log-probabilities (`seqs`: its batch): an output with no token per sequence
+        still running that asked, carrying its chunk's rows (`EngineOutput.prompt_logprobs`)."""
 
     def needs_history(self, seqs: list[Sequence]) -> bool:
         """A sequence of a launched step reads every previous token (penalties, bad words, a grammar): the engine

@@ -1,14 +1,13 @@
 """What an attention backend is: the one call an Attention layer makes (`attend`: which of its three paths a step
-takes, `prefill`, `prefill_paged` or `decode`), its decode kernel, chosen when it is built, and the metadata of a
-step its kernels read, made by the step's first layer and reused by the others. The torch backend is here: plain
-torch over the paged cache (kernels/torch_attention.py); the flash backends are kernels/flash_attention.py."""
+takes, `prefill`, `prefill_paged` or `decode`) and its decode kernel, chosen when it is built. The torch backend
+(plain torch over the paged cache, kernels/torch_attention.py) is here; the flash backends are flash_attention.py."""
 
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from minivllm.kernels import torch_attention
+from minivllm.kernels.torch_attention import paged_decode_attention, paged_prefill_attention, varlen_attention
 from minivllm.utils.context import Context
 
 
@@ -31,40 +30,21 @@ class AttentionBackend:
 
     def __init__(self, decode: Callable | None = None) -> None:
         self.decode = decode or self.own_decode
-        self._memo: dict = {}  # one step's metadata: {"context": the step's context, name: value}
 
     def own_decode(self, q, k_cache, v_cache, context_lens, block_tables, scale: float) -> torch.Tensor:
         raise NotImplementedError
-
-    def per_step(self, context: Context, name: str, make: Callable):
-        """`make()` once per step, by its first layer, then reused (the runner sets a fresh context per step and per
-        graph capture; inside a capture the value is made in the graph)."""
-        if self._memo.get("context") is not context:
-            self._memo = {"context": context}
-        if name not in self._memo:
-            self._memo[name] = make()
-        return self._memo[name]
 
     def tables(self, context: Context) -> torch.Tensor | None:
         """The step's block tables as the kernels read them: -1 padded (the flash backends map it to block 0)."""
         return context.block_tables
 
     def prefill_rows(self, context: Context) -> PrefillRows:
-        """The rows after the first num_decode_rows, the ones the prefill kernel takes. With decode rows first, in
-        fresh tensors (kernels get aligned copies, not views at an odd offset), made once per step."""
+        """The rows after the first num_decode_rows, the ones the prefill kernel takes."""
         d, tables = context.num_decode_rows, self.tables(context)
         if d == 0:
             return PrefillRows(context.cu_seqlens_q, context.cu_seqlens_k, context.context_lens, tables)
-        return self.per_step(
-            context,
-            "rows",
-            lambda: PrefillRows(
-                cu_seqlens_q=context.cu_seqlens_q[d:] - d,
-                cu_seqlens_k=context.cu_seqlens_k[d:] - context.cu_seqlens_k[d],
-                context_lens=context.context_lens[d:].clone(),
-                block_tables=tables[d:].clone(),
-            ),
-        )
+        cu_q, cu_k = context.cu_seqlens_q[d:] - d, context.cu_seqlens_k[d:] - context.cu_seqlens_k[d]
+        return PrefillRows(cu_q, cu_k, context.context_lens[d:], tables[d:])
 
     def attend(self, q, k, v, k_cache, v_cache, context: Context, scale: float) -> torch.Tensor:
         """The step's attention, its new K/V already in the cache: prefill over fresh K/V, prefill over the cache
@@ -107,21 +87,16 @@ class TorchBackend(AttentionBackend):
 
     def __init__(self, decode: Callable | None = None) -> None:
         super().__init__(decode)
-        self.gathers: dict = {}  # the last decode gather, shared by the engine's layers (torch_attention.decode_gather)
+        self.gathers: dict = {}  # the last decode gather, shared by the engine's layers (decode_gather)
 
     def prefill(self, q, k, v, cu_seqlens, max_seqlen: int, scale: float) -> torch.Tensor:
         """Fresh K/V, packed by cu_seqlens: q (N, H, D), k/v (N, Hkv, D) -> (N, H, D)."""
-        return torch_attention.varlen_attention(q, k, v, cu_seqlens, scale)
+        return varlen_attention(q, k, v, cu_seqlens, scale)
 
     def prefill_paged(self, q, k_cache, v_cache, *, cu_seqlens_q, context_lens, block_tables, scale, **_):
-        """Queries are the new tokens, keys come from the cache through block_tables (S, M) int32 (a prefix hit, a
-        later chunk) -> (N, H, D). The flash backends also take cu_seqlens_k, max_seqlen_q and max_seqlen_k."""
-        return torch_attention.paged_prefill_attention(
-            q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale
-        )
+        """New queries, keys from the cache through block_tables (S, M) int32 -> (N, H, D)."""
+        return paged_prefill_attention(q, k_cache, v_cache, cu_seqlens_q, context_lens, block_tables, scale)
 
     def own_decode(self, q, k_cache, v_cache, context_lens, block_tables, scale: float) -> torch.Tensor:
         """One query per sequence: q (B, H, D) -> (B, H, D)."""
-        return torch_attention.paged_decode_attention(
-            q, k_cache, v_cache, context_lens, block_tables, scale, self.gathers
-        )
+        return paged_decode_attention(q, k_cache, v_cache, context_lens, block_tables, scale, self.gathers)

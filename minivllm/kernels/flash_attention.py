@@ -4,11 +4,13 @@ they get the padding mapped to block 0 (`FlashBackend.tables`)."""
 
 import os
 import warnings
+from collections.abc import Callable
+from dataclasses import replace
 from functools import lru_cache
 
 import torch
 
-from minivllm.kernels.attention_backend import AttentionBackend
+from minivllm.kernels.attention_backend import AttentionBackend, PrefillRows
 from minivllm.kernels.cache import cache_root
 from minivllm.utils.context import Context
 
@@ -56,7 +58,34 @@ def _fa4():
 
 
 class FlashBackend(AttentionBackend):
-    """What both flash backends share: their kernels read every block-table entry."""
+    """What both flash backends share: their kernels read every block-table entry, and a step's metadata is made once
+    per step, by its first layer, not once per layer."""
+
+    def __init__(self, decode: Callable | None = None) -> None:
+        super().__init__(decode)
+        self._memo: dict = {}  # one step's metadata: {"context": the step's context, name: value}
+
+    def per_step(self, context: Context, name: str, make: Callable):
+        """`make()` once per step, by its first layer, then reused (the runner sets a fresh context per step and per
+        graph capture; inside a capture the value is made in the graph)."""
+        if self._memo.get("context") is not context:
+            self._memo = {"context": context}
+        if name not in self._memo:
+            self._memo[name] = make()
+        return self._memo[name]
+
+    def prefill_rows(self, context: Context) -> PrefillRows:
+        """The prefill rows after the decode rows in fresh tensors (kernels get aligned copies, not views at an odd
+        offset), made once per step."""
+        sliced = super().prefill_rows
+        if context.num_decode_rows == 0:
+            return sliced(context)
+
+        def make() -> PrefillRows:
+            rows = sliced(context)  # its cu_seqlens are fresh tensors already
+            return replace(rows, context_lens=rows.context_lens.clone(), block_tables=rows.block_tables.clone())
+
+        return self.per_step(context, "rows", make)
 
     def tables(self, context: Context) -> torch.Tensor | None:
         """The step's block tables with the -1 padding mapped to block 0 (never read: past each context), made once

@@ -1,6 +1,11 @@
-"""The kernel table: `KernelOptions` (the engine's `Config.kernels`), `Ops` (one engine's kernels, each entry a
-kernel or None for the layer's torch definition) and `pick`, the one decision of which kernels an engine runs
-(minivllm/kernels/__init__.py says what each device gets). The core (config, layers) imports this module only."""
+"""The kernel table: `KernelOptions` (the engine's `Config.kernels`), `Ops` (one engine's kernels, each entry a kernel
+or None for the layer's torch definition) and `pick`, the one decision of which kernels an engine runs:
+
+- CUDA: our Triton kernels (`kernels/triton/`) for the norms, SiLU-mul, the attention prologue, the KV-cache store,
+  paged decode (flash backends) and the sampler's draw (no slower than torch.compile's, and ~2-3 s less start-up);
+  RoPE outside the prologue through torch.compile.
+- CPU: the C++ operators (`kernels/cpu/`) for the norms, RoPE, SiLU-mul, the store and paged decode where this
+  machine built them, else the torch definitions, eager; the linear layers through oneDNN, weights packed at load."""
 
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -80,7 +85,7 @@ TORCH = Ops()  # the torch definitions everywhere: what a layer built alone runs
 
 
 def torch_backend() -> AttentionBackend:
-    """The plain-torch attention backend (kernels/attention_backend.py): what an Attention layer built alone gets."""
+    """What an Attention layer built alone gets: plain torch (kernels/attention_backend.py)."""
     return TorchBackend()
 
 
@@ -110,10 +115,8 @@ def pick(
         cpp_ops.log_choice(options.cpu_ops)  # the C++ operators, or the torch ops
         if options.cpu_ops and ours and cpp_ops.loaded():
             cpp = cpp_ops
-    table = dict(
-        name="+".join(n for n, on in (("triton", triton), ("c++", cpp is not None)) if on) or "torch",
-        compile=options.compile if options.compile is not None else cuda,
-    )
+    name = "+".join(n for n, on in (("triton", triton), ("c++", cpp is not None)) if on) or "torch"
+    table = dict(name=name, compile=cuda if ours else options.compile)  # the torch definitions left: compiled on CUDA
     if not cuda and options.cpu_packed_linear:
         table.update(linear=cpu_linear.linear, pack_linear=cpu_linear.pack)
     if cpp is not None:
@@ -139,8 +142,7 @@ def pick(
 
 @contextmanager
 def override(ops: Ops):
-    """`with override(ops): ...`: every `pick` in the block returns `ops` (tests; engines started in the block
-    keep it after)."""
+    """Tests: every `pick` in the block returns `ops` (engines started in the block keep it after)."""
     global _override_impl
     old, _override_impl = _override_impl, ops
     try:

@@ -1,35 +1,22 @@
-"""Attention over the paged KV cache in plain torch: what CPU users and CI run, and the reference the
-FlashAttention backends are checked against. Same inputs and layout as FlashAttention's calls:
-caches (num_blocks, block_size, num_kv_heads, head_dim), block tables (num_seqs, max_blocks) int32 padded
-with -1, causal masks aligned bottom-right (the last query sees every key), GQA by head groups."""
+"""Attention over the paged KV cache in plain torch: what a CPU runs, and the reference the FlashAttention backends
+are checked against. FlashAttention's inputs and layout: caches (num_blocks, block_size, num_kv_heads, head_dim),
+block tables (num_seqs, max_blocks) int32 padded with -1, causal masks aligned bottom-right (the last query sees every
+key), GQA by head groups."""
 
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 
-def _sdpa(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scale: float,
-    mask: torch.Tensor | None = None,
-    causal: bool = False,
-) -> torch.Tensor:
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, scale: float, mask: Tensor | None = None, causal: bool = False) -> Tensor:
     # q: (B, Lq, H, D), k/v: (B, Lk, Hkv, D) -> (B, Lq, H, D); mask: (B or 1, 1, Lq, Lk) bool, True = may attend
     dtype = q.dtype
     if q.device.type == "cpu" and dtype != torch.float32:  # CPU SDPA in bf16 is ~4x slower than in fp32
         q, k, v = q.float(), k.float(), v.float()
-    o = F.scaled_dot_product_attention(
-        q.transpose(1, 2),
-        k.transpose(1, 2),
-        v.transpose(1, 2),
-        attn_mask=mask,
-        is_causal=causal,
-        scale=scale,
-        enable_gqa=True,
-    )
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, L, D)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
     return o.transpose(1, 2).to(dtype)
 
 
@@ -38,64 +25,50 @@ def capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def causal_mask(q_len: int, k_len: int, device=None) -> torch.Tensor:
+def causal_mask(q_len: int, k_len: int, device=None) -> Tensor:
     """(q_len, k_len) bool, True = may attend: query i sits at absolute position k_len - q_len + i."""
     i = torch.arange(q_len, device=device)[:, None]
     j = torch.arange(k_len, device=device)[None, :]
     return j <= i + (k_len - q_len)
 
 
-def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+def gather_paged(cache: Tensor, block_table: Tensor, length: int) -> Tensor:
     """The first `length` tokens of one sequence: (length, num_kv_heads, head_dim)."""
     block_size = cache.shape[1]
     blocks = block_table[: (length + block_size - 1) // block_size].long()
     return cache[blocks].flatten(0, 1)[:length]
 
 
-def check_heads(q: torch.Tensor, k: torch.Tensor) -> None:
+def check_heads(q: Tensor, k: Tensor) -> None:
     if q.dim() != 3 or q.shape[-1] != k.shape[-1] or q.shape[-2] % k.shape[-2] != 0:
-        raise ValueError(
-            f"q {tuple(q.shape)} must be (tokens, heads, head_dim) with the head_dim of k {tuple(k.shape)} "
-            f"and a multiple of its {k.shape[-2]} kv heads"
-        )
+        want = f"(tokens, heads, head_dim) with the head_dim of k {tuple(k.shape)}"
+        raise ValueError(f"q {tuple(q.shape)} must be {want} and a multiple of its {k.shape[-2]} kv heads")
 
 
 def check_paged_shapes(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    decode: bool = False,
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, context_lens: Tensor, block_tables: Tensor, decode: bool = False
 ) -> None:
     """The shapes of a paged call (no tensor op, no host sync); `decode`: one query per sequence."""
     if k_cache.shape != v_cache.shape or k_cache.dim() != 4:
-        raise ValueError(
-            f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must both be "
-            "(num_blocks, block_size, kv_heads, head_dim)"
-        )
+        caches = f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)}"
+        raise ValueError(f"{caches} must both be (num_blocks, block_size, kv_heads, head_dim)")
     check_heads(q, k_cache)
     if block_tables.dim() != 2 or block_tables.shape[0] != context_lens.shape[0]:
         raise ValueError(
             f"block_tables {tuple(block_tables.shape)} must be (num_seqs={context_lens.shape[0]}, max_blocks)"
         )
     if decode and q.shape[0] != context_lens.shape[0]:
-        raise ValueError(
-            f"decode: {q.shape[0]} queries but {context_lens.shape[0]} context lengths (one query per sequence)"
-        )
+        raise ValueError(f"{q.shape[0]} queries but {context_lens.shape[0]} context lengths (one query per sequence)")
 
 
-def check_tables(context_lens: torch.Tensor, block_tables: torch.Tensor, num_blocks: int, block_size: int) -> None:
+def check_tables(context_lens: Tensor, block_tables: Tensor, num_blocks: int, block_size: int) -> None:
     """Every context fits its table, and every block it uses is in the cache (host syncs)."""
     max_len = int(context_lens.max()) if context_lens.numel() else 0
     if max_len > block_tables.shape[1] * block_size:
-        raise ValueError(
-            f"a context of {max_len} tokens is longer than the block table covers "
-            f"({block_tables.shape[1]} blocks x {block_size})"
-        )
-    needed = (context_lens[:, None].long() + block_size - 1) // block_size > torch.arange(
-        block_tables.shape[1], device=block_tables.device
-    )
+        covered = f"{block_tables.shape[1]} blocks x {block_size}"
+        raise ValueError(f"a context of {max_len} tokens is longer than the block table covers ({covered})")
+    entries = torch.arange(block_tables.shape[1], device=block_tables.device)  # (M,)
+    needed = (context_lens[:, None].long() + block_size - 1) // block_size > entries  # (S, M) the entries in use
     used = block_tables[needed]
     if used.numel() and (int(used.max()) >= num_blocks or int(used.min()) < 0):
         raise ValueError(
@@ -103,9 +76,7 @@ def check_tables(context_lens: torch.Tensor, block_tables: torch.Tensor, num_blo
         )
 
 
-def varlen_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float
-) -> torch.Tensor:
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, scale: float) -> Tensor:
     """Prefill over fresh K/V: q (Nq, H, D), k/v (Nq, Hkv, D) packed by cu_seqlens -> (Nq, H, D)."""
     if not (q.shape[0] == k.shape[0] == v.shape[0] == int(cu_seqlens[-1])):
         raise ValueError(
@@ -122,14 +93,14 @@ def varlen_attention(
 
 
 def paged_prefill_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_tables: torch.Tensor,
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cu_seqlens_q: Tensor,
+    context_lens: Tensor,
+    block_tables: Tensor,
     scale: float,
-) -> torch.Tensor:
+) -> Tensor:
     """Prefill whose keys are in the cache (prefix hit, later chunk): sequence i has
     cu_seqlens_q[i+1] - cu_seqlens_q[i] new queries and context_lens[i] keys (new ones included)."""
     check_paged_shapes(q, k_cache, v_cache, context_lens, block_tables)
@@ -153,37 +124,26 @@ def paged_prefill_attention(
 
 @dataclass(slots=True)
 class DecodeGather:
-    """The cache rows decode attention reads, and which of them each sequence may see: a function of the
-    context lengths, the block tables and the cache's block count and size alone. Every layer of a step passes
-    the same ones (only its cache differs), so the first layer builds this and the others find it in their
-    backend's `cache` (two torch.equal, ~1 us each) instead of ~15 small ops (~45 us on CPU): bench.py --cpu's
-    engine (SmolLM2, 30 layers x 64 decode steps) ~10% faster in bf16, ~5% in fp32."""
+    """The cache rows decode attention reads and which of them each sequence may see: the same for every layer of
+    a step, so the first layer builds it and the others find it in their backend's `cache` (two torch.equal, ~1 us,
+    instead of ~15 small ops, ~45 us on CPU: SmolLM2's CPU engine decodes ~10% faster in bf16, ~5% in fp32)."""
 
-    context_lens: torch.Tensor  # (B,) int32, the values it was built from (a copy, on CPU)
-    block_tables: torch.Tensor  # (B, M) int32, likewise
+    context_lens: Tensor  # (B,) int32, the values it was built from (a copy, on CPU)
+    block_tables: Tensor  # (B, M) int32, likewise
     cache_blocks: tuple[int, int]  # (num_blocks, block_size) of the cache it was checked against
-    slots: torch.Tensor  # (B, L) int64, the cache row of key j of sequence b
-    mask: torch.Tensor  # (B, 1, 1, L) bool, True = key j is in sequence b's context
+    slots: Tensor  # (B, L) int64, the cache row of key j of sequence b
+    mask: Tensor  # (B, 1, 1, L) bool, True = key j is in sequence b's context
 
-    def fits(self, context_lens: torch.Tensor, block_tables: torch.Tensor, cache_blocks: tuple[int, int]) -> bool:
-        return (
-            self.cache_blocks == cache_blocks
-            and torch.equal(self.context_lens, context_lens)
-            and torch.equal(self.block_tables, block_tables)
-        )
+    def fits(self, context_lens: Tensor, block_tables: Tensor, cache_blocks: tuple[int, int]) -> bool:
+        same = self.cache_blocks == cache_blocks and torch.equal(self.context_lens, context_lens)
+        return same and torch.equal(self.block_tables, block_tables)
 
 
 def decode_gather(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    cache: dict[str, DecodeGather] | None = None,
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, context_lens: Tensor, block_tables: Tensor, cache: dict | None = None
 ) -> DecodeGather:
-    """The rows to gather for these context lengths and tables: the last ones built (kept in `cache`, the
-    backend's) if their inputs are equal (CPU only: a GPU would sync to compare, and a CUDA graph cannot), else
-    new ones. Shapes checked each call."""
+    """The rows to gather: the last ones built (in `cache`) if their inputs are equal (CPU only: a GPU would sync to
+    compare, and a CUDA graph cannot), else new ones. Shapes checked each call."""
     check_paged_shapes(q, k_cache, v_cache, context_lens, block_tables, decode=True)
     cache_blocks = (num_blocks, block_size) = tuple(k_cache.shape[:2])
     cpu = q.device.type == "cpu" and cache is not None
@@ -206,14 +166,14 @@ def decode_gather(
 
 
 def paged_decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    context_lens: torch.Tensor,
-    block_tables: torch.Tensor,
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    context_lens: Tensor,
+    block_tables: Tensor,
     scale: float,
-    cache: dict[str, DecodeGather] | None = None,
-) -> torch.Tensor:
+    cache: dict | None = None,
+) -> Tensor:
     """Decode, batched: q (B, H, D), one query per sequence over its context_lens[b] cached keys -> (B, H, D).
     `cache`: where the last gather is kept between calls (decode_gather), or None."""
     g = decode_gather(q, k_cache, v_cache, context_lens, block_tables, cache)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minivllm.kernels.table import TORCH, Ops
-from minivllm.layers.linear import divide, linear, tp_rank, tp_size
+from minivllm.layers.linear import copy_weight, divide, linear, shard_of, tp_rank, tp_size
 from minivllm.utils.context import get_context
 
 
@@ -25,19 +25,8 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-        shard_size = param.data.size(0)
-        if loaded_weight.size(0) != self.num_embeddings:  # narrow() would cut a longer vocabulary silently
-            raise ValueError(
-                f"{type(self).__name__}: checkpoint shape {tuple(loaded_weight.shape)} has "
-                f"{loaded_weight.size(0)} rows, expected vocabulary size {self.num_embeddings}"
-            )
-        loaded_weight = loaded_weight.narrow(0, self.tp_rank * shard_size, shard_size)
-        if tuple(param.shape) != tuple(loaded_weight.shape):
-            raise ValueError(
-                f"{type(self).__name__}: checkpoint shape {tuple(loaded_weight.shape)} "
-                f"does not match {tuple(param.shape)}"
-            )
-        param.data.copy_(loaded_weight)
+        shard_size, name = param.data.size(0), type(self).__name__  # rows of the vocabulary, whole on tp ranks
+        copy_weight(param.data, shard_of(loaded_weight, 0, shard_size, self.tp_rank, self.tp_size, name), name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (N,) token ids -> (N, embedding_dim)
@@ -52,17 +41,11 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
+    """The LM head (no bias): the embedding's vocabulary shards, used as a linear layer."""
+
     def __init__(
-        self,
-        num_embeddings: int,
-        embedding_dim: int,
-        bias: bool = False,
-        *,
-        ops: Ops = TORCH,
-        group: dist.ProcessGroup | None = None,
+        self, num_embeddings: int, embedding_dim: int, *, ops: Ops = TORCH, group: dist.ProcessGroup | None = None
     ) -> None:
-        if bias:
-            raise NotImplementedError("ParallelLMHead: bias is not supported")
         super().__init__(num_embeddings, embedding_dim, group=group)
         self.packed_weight: torch.Tensor | None = None  # the kernel's copy of the weight (CPU: oneDNN's layout)
         self._linear, self._pack = ops.linear or linear, ops.pack_linear

@@ -1,9 +1,10 @@
-"""The parallel Linear family (notebook 04): Column shards the output dim, Row shards the input
-dim and all_reduces over the engine's TP group (`group`, given at construction; None: one rank); QKV and Merged
-are Column layers that pack several HF weights into one matrix. Each parameter carries a
-`weight_loader(param, loaded_weight[, shard_id])` that the loader calls. The matmul is `F.linear`, or the
-engine's kernel (`ops.linear`: on CPU through a weight packed once after the load, `pack_weight`). The TP helpers
-(`tp_rank`, `tp_size`, `divide`) serve every parallel layer; the engine makes the group (engine/tp_workers.py)."""
+"""The parallel Linear family (notebook 04): Column shards the output dim (`tp_dim` 0), Row the input dim (`tp_dim` 1)
+and all_reduces over the engine's TP group (`group`, given at construction; None: one rank); QKV and Merged are Column
+layers that pack several HF weights into one matrix. Each parameter carries a
+`weight_loader(param, loaded_weight[, shard_id])` that the loader calls. The matmul is `F.linear`, or the engine's
+kernel (`ops.linear`: on CPU through a weight packed once after the load, `pack_weight`). The TP helpers (`tp_rank`,
+`tp_size`, `divide`, and the loaders' `shard_of` and `copy_weight`) serve every parallel layer; the engine makes the
+group (engine/tp_workers.py)."""
 
 import torch
 import torch.distributed as dist
@@ -32,38 +33,47 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def _check_shape(param: nn.Parameter, loaded: torch.Tensor, what: str) -> None:
+def copy_weight(param: torch.Tensor, loaded: torch.Tensor, what: str) -> None:
+    """param <- loaded, whose shape must be param's (`what` names the layer in the error)."""
     if tuple(param.shape) != tuple(loaded.shape):
         raise ValueError(
             f"{what}: checkpoint shape {tuple(loaded.shape)} does not match parameter shard shape {tuple(param.shape)}"
         )
+    param.copy_(loaded)
 
 
-def _check_split(loaded: torch.Tensor, dim: int, shard_size: int, tp: int, what: str) -> None:
-    """Before narrow(): a checkpoint dim longer than tp shards would otherwise be cut silently."""
+def shard_of(loaded: torch.Tensor, dim: int, shard_size: int, rank: int, tp: int, what: str) -> torch.Tensor:
+    """Rank `rank`'s slice of `loaded` along `dim`, which must hold exactly tp shards (narrow() would cut a longer
+    checkpoint silently)."""
     if loaded.size(dim) != shard_size * tp:
         raise ValueError(
             f"{what}: checkpoint shape {tuple(loaded.shape)} has {loaded.size(dim)} along dim {dim}, "
             f"expected {tp} x {shard_size}"
         )
+    return loaded.narrow(dim, rank * shard_size, shard_size)
 
 
 class LinearBase(nn.Module):
+    tp_dim: int | None = None  # the weight's dim cut over the TP ranks: 0 output (Column), 1 input (Row), None whole
+
     def __init__(
         self,
         input_size: int,
         output_size: int,
         bias: bool = False,
-        tp_dim: int | None = None,
         *,
         ops: Ops = TORCH,
         group: dist.ProcessGroup | None = None,
     ) -> None:
+        """A layer of the full sizes; this rank holds its 1 / tp_size of the dim `tp_dim` (the bias: of the output)."""
         super().__init__()
-        self.tp_dim = tp_dim
         self.group = group
         self.tp_rank = tp_rank(group)
         self.tp_size = tp_size(group)
+        if self.tp_dim == 0:
+            output_size = divide(output_size, self.tp_size, "output size")
+        elif self.tp_dim == 1:
+            input_size = divide(input_size, self.tp_size, "input size")
         self.weight = nn.Parameter(torch.empty(output_size, input_size))
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -89,31 +99,18 @@ class LinearBase(nn.Module):
 
 class ReplicatedLinear(LinearBase):
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-        _check_shape(param, loaded_weight, type(self).__name__)
-        param.data.copy_(loaded_weight)
+        copy_weight(param.data, loaded_weight, type(self).__name__)
 
 
 class ColumnParallelLinear(LinearBase):
     """y[:, shard] = x @ W[shard].T: each rank holds output rows [rank * n, (rank + 1) * n)."""
 
-    def __init__(
-        self,
-        input_size: int,
-        output_size: int,
-        bias: bool = False,
-        *,
-        ops: Ops = TORCH,
-        group: dist.ProcessGroup | None = None,
-    ) -> None:
-        output_size = divide(output_size, tp_size(group), "output size")
-        super().__init__(input_size, output_size, bias, tp_dim=0, ops=ops, group=group)
+    tp_dim = 0
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-        shard_size = param.data.size(self.tp_dim)
-        _check_split(loaded_weight, self.tp_dim, shard_size, self.tp_size, type(self).__name__)
-        loaded_weight = loaded_weight.narrow(self.tp_dim, self.tp_rank * shard_size, shard_size)
-        _check_shape(param, loaded_weight, type(self).__name__)
-        param.data.copy_(loaded_weight)
+        shard_size, name = param.data.size(self.tp_dim), type(self).__name__
+        loaded_weight = shard_of(loaded_weight, self.tp_dim, shard_size, self.tp_rank, self.tp_size, name)
+        copy_weight(param.data, loaded_weight, name)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -136,8 +133,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         shard_size = self.output_sizes[loaded_shard_id] // self.tp_size
         param_data = param.data.narrow(self.tp_dim, shard_offset, shard_size)
         loaded_weight = loaded_weight.chunk(self.tp_size, self.tp_dim)[self.tp_rank]
-        _check_shape(param_data, loaded_weight, f"{type(self).__name__}[{loaded_shard_id}]")
-        param_data.copy_(loaded_weight)
+        copy_weight(param_data, loaded_weight, f"{type(self).__name__}[{loaded_shard_id}]")
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -164,37 +160,24 @@ class QKVParallelLinear(ColumnParallelLinear):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: str) -> None:
         q_size, kv_size = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
-        shard_offset, shard_size = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}[
-            loaded_shard_id
-        ]
+        shards = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}  # (offset, size)
+        shard_offset, shard_size = shards[loaded_shard_id]
         param_data = param.data.narrow(self.tp_dim, shard_offset, shard_size)
         loaded_weight = loaded_weight.chunk(self.tp_size, self.tp_dim)[self.tp_rank]
-        _check_shape(param_data, loaded_weight, f"{type(self).__name__}[{loaded_shard_id}]")
-        param_data.copy_(loaded_weight)
+        copy_weight(param_data, loaded_weight, f"{type(self).__name__}[{loaded_shard_id}]")
 
 
 class RowParallelLinear(LinearBase):
     """y = sum over ranks of x[:, shard] @ W[:, shard].T: partial sums, then one all_reduce."""
 
-    def __init__(
-        self,
-        input_size: int,
-        output_size: int,
-        bias: bool = False,
-        *,
-        ops: Ops = TORCH,
-        group: dist.ProcessGroup | None = None,
-    ) -> None:
-        input_size = divide(input_size, tp_size(group), "input size")
-        super().__init__(input_size, output_size, bias, tp_dim=1, ops=ops, group=group)
+    tp_dim = 1
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-        if param.data.dim() == 2:
+        name = type(self).__name__
+        if param.data.dim() == 2:  # the weight; the bias is whole on every rank
             shard_size = param.data.size(self.tp_dim)
-            _check_split(loaded_weight, self.tp_dim, shard_size, self.tp_size, type(self).__name__)
-            loaded_weight = loaded_weight.narrow(self.tp_dim, self.tp_rank * shard_size, shard_size)
-        _check_shape(param, loaded_weight, type(self).__name__)
-        param.data.copy_(loaded_weight)
+            loaded_weight = shard_of(loaded_weight, self.tp_dim, shard_size, self.tp_rank, self.tp_size, name)
+        copy_weight(param.data, loaded_weight, name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.weight.shape[1]:

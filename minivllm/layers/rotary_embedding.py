@@ -45,10 +45,7 @@ class RotaryEmbedding(nn.Module):
 
 def rope_theta_of(config) -> float:
     """rope_theta from transformers 5 (`config.rope_parameters`) or older configs (top-level)."""
-    params = getattr(config, "rope_parameters", None) or {}
-    if "rope_theta" in params:
-        return float(params["rope_theta"])
-    theta = getattr(config, "rope_theta", None)
+    theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", getattr(config, "rope_theta", None))
     if theta is None:
         raise ValueError("config has no rope_theta (neither in rope_parameters nor at top level)")
     return float(theta)
@@ -72,22 +69,16 @@ def get_rope(
 ) -> RotaryEmbedding:
     """One RotaryEmbedding (one cos/sin table) shared by every layer of a model. Cached per device and kernel
     table too, so a model built on another device or with other kernels does not get (or move) this one's."""
-    return _get_rope(head_size, rotary_dim, max_position, base, rope_scaling, torch.get_default_device(), ops)
-
-
-@lru_cache(1)
-def _get_rope(
-    head_size: int,
-    rotary_dim: int,
-    max_position: int,
-    base: float,
-    rope_scaling: tuple | None,
-    device: torch.device,
-    ops: Ops,
-) -> RotaryEmbedding:
     if rope_scaling is not None:
         raise NotImplementedError(f"rope scaling {dict(rope_scaling)} is not implemented (only plain RoPE)")
+    return _shared_rope(head_size, rotary_dim, max_position, base, torch.get_default_device(), ops)
+
+
+@lru_cache(1)  # `device` only keys the cache: the table is built on the default device, which get_rope read
+def _shared_rope(
+    head_size: int, rotary_dim: int, max_position: int, base: float, device: torch.device, ops: Ops
+) -> RotaryEmbedding:
     return RotaryEmbedding(head_size, rotary_dim, max_position, base, ops=ops)
 
 
-get_rope.cache_clear = _get_rope.cache_clear
+get_rope.cache_clear = _shared_rope.cache_clear

@@ -30,8 +30,7 @@ class Sampler(nn.Module):
     def __init__(self, seed: int = 0, device: torch.device | str = "cpu", ops: Ops = TORCH) -> None:
         super().__init__()
         self.draw = ops.draw  # the kernels' draw (GPU), bound when the engine builds its sampler; None: the race
-        seed_tensor = torch.tensor([seed], dtype=torch.int64, device=device)
-        self.register_buffer("seed", seed_tensor, persistent=False)  # the kernels'
+        self.register_buffer("seed", torch.tensor([seed], dtype=torch.int64, device=device), persistent=False)
         self.generator = torch.Generator(device=device).manual_seed(seed)
 
     def reset(self, seed: int) -> None:

@@ -12,7 +12,7 @@ from minivllm.layers.activation import SiluAndMul
 from minivllm.layers.attention import Attention
 from minivllm.layers.embed_head import ParallelLMHead, VocabParallelEmbedding
 from minivllm.layers.layernorm import RMSNorm
-from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear, divide, tp_size
+from minivllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from minivllm.layers.rotary_embedding import get_rope, rope_scaling_of, rope_theta_of
 
 # architecture -> (q/k/v bias, o_proj bias, QK-norm), as in transformers; None = config.attention_bias
@@ -51,19 +51,14 @@ class Qwen3Attention(nn.Module):
         group: dist.ProcessGroup | None = None,
     ) -> None:
         super().__init__()
-        tp = tp_size(group)
-        self.total_num_heads = num_heads
-        self.num_heads = divide(num_heads, tp, "number of attention heads")
-        self.total_num_kv_heads = num_kv_heads
-        self.num_kv_heads = divide(num_kv_heads, tp, "number of KV heads")
         self.head_dim = head_dim or hidden_size // num_heads
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-        self.scaling = self.head_dim**-0.5
-        self.qkv_bias = qkv_bias
         self.qkv_proj = QKVParallelLinear(
             hidden_size, self.head_dim, num_heads, num_kv_heads, bias=qkv_bias, ops=ops, group=group
         )
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads  # this rank's
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scaling = self.head_dim**-0.5
         self.o_proj = RowParallelLinear(num_heads * self.head_dim, hidden_size, bias=o_bias, ops=ops, group=group)
         self.rotary_emb = get_rope(self.head_dim, self.head_dim, max_position, rope_theta, rope_scaling, ops=ops)
         self.attn = Attention(
@@ -205,9 +200,8 @@ class Qwen3ForCausalLM(nn.Module):
         group: dist.ProcessGroup | None = None,
     ) -> None:
         super().__init__()
-        self.architecture = architecture_of(config)
         qkv_bias, o_bias, qk_norm = (
-            getattr(config, "attention_bias", False) if b is None else b for b in ARCHITECTURES[self.architecture]
+            getattr(config, "attention_bias", False) if b is None else b for b in ARCHITECTURES[architecture_of(config)]
         )
         self.model = Qwen3Model(config, qkv_bias, o_bias, qk_norm, ops=ops, attn_backend=attn_backend, group=group)
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, ops=ops, group=group)

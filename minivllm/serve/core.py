@@ -28,11 +28,12 @@ import zmq
 
 from minivllm.engine.llm_engine import LLMEngine
 from minivllm.engine.request import EngineOutput
-from minivllm.engine.tp_workers import CORE, set_process_name
+from minivllm.engine.tp_workers import set_process_name
 from minivllm.frontend.engine_args import config_args
 from minivllm.frontend.sampling_extras import SamplingExtras
 from minivllm.serve import messages as m
 
+CORE = "minivllm-core"  # the engine core process's name in ps / top (bench_serve.py counts it as the engine)
 POLL_MS = 200  # idle: how often to look whether the API server is still there
 IDLE = m.SchedulerStats(0, 0, 0.0, 0)  # (replaced by the gauges after the step before a result is sent)
 

@@ -8,8 +8,9 @@ import os
 import threading
 import time
 
-from minivllm.engine.tp_workers import TOKENIZER, set_process_name
+from minivllm.engine.tp_workers import set_process_name
 
+TOKENIZER = "minivllm-tok"  # a tokenizer worker's name in ps / top (bench_serve.py counts it as the API server's)
 _tokenizer = None  # the worker process's own
 
 

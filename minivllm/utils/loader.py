@@ -37,26 +37,22 @@ def checkpoint_files(path: str) -> list[str]:
 
 
 def load_model(model: nn.Module, path: str) -> None:
-    packed_modules_mapping = getattr(model, "packed_modules_mapping", {})
+    """Fill every parameter of `model` from the checkpoint: a tensor packed into a larger parameter (q_proj into
+    qkv_proj, `packed_modules_mapping`) goes through that parameter's weight_loader with its shard id."""
+    mapping = getattr(model, "packed_modules_mapping", {})
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = getattr(model, "tie_word_embeddings", False)
-    expected = {(name, None) for name in params if not (tied and name == "lm_head.weight")}
-    for name in params:  # packed parameters expect one load per shard
-        for packed, shard_id in packed_modules_mapping.values():
-            if f".{packed}." in f".{name}":
-                expected.discard((name, None))
-                expected.add((name, shard_id))
-    loaded = set()
+    expected = {t for name in params if not (tied and name == "lm_head.weight") for t in tensors_of(name, mapping)}
     files = checkpoint_files(path)
     for file in files:
         with safe_open(file, "pt", "cpu") as f:
             for weight_name in f.keys():  # noqa: SIM118 (safe_open has keys(), no __iter__)
                 if weight_name.endswith(IGNORED_SUFFIXES) or (tied and weight_name == "lm_head.weight"):
                     continue
-                param_name, shard_id = weight_name, None
-                for k, (packed, sid) in packed_modules_mapping.items():
+                param_name, shard = weight_name, ()
+                for k, (packed, shard_id) in mapping.items():
                     if f".{k}." in weight_name:
-                        param_name, shard_id = weight_name.replace(f".{k}.", f".{packed}."), sid
+                        param_name, shard = weight_name.replace(f".{k}.", f".{packed}."), (shard_id,)
                         break
                 if param_name not in params:
                     raise KeyError(
@@ -65,21 +61,15 @@ def load_model(model: nn.Module, path: str) -> None:
                 param = params[param_name]
                 weight_loader = getattr(param, "weight_loader", default_weight_loader)
                 try:
-                    if shard_id is None:
-                        weight_loader(param, f.get_tensor(weight_name))
-                    else:
-                        weight_loader(param, f.get_tensor(weight_name), shard_id)
+                    weight_loader(param, f.get_tensor(weight_name), *shard)  # a packed parameter's with its shard id
                 except ValueError as e:
                     raise ValueError(f"tensor {weight_name!r} in {file}: {e}") from None
-                loaded.add((param_name, shard_id))
-    missing = sorted(checkpoint_name(n, s, packed_modules_mapping) for n, s in expected - loaded)
-    if missing:
-        raise KeyError(f"tensors {missing} are missing from the checkpoint files {files}")
+                expected.discard(weight_name)
+    if expected:
+        raise KeyError(f"tensors {sorted(expected)} are missing from the checkpoint files {files}")
 
 
-def checkpoint_name(param_name: str, shard_id, packed_modules_mapping: dict) -> str:
-    """The checkpoint tensor that fills (param_name, shard_id): qkv_proj + "k" -> k_proj."""
-    for k, (packed, sid) in packed_modules_mapping.items():
-        if sid == shard_id and f".{packed}." in f".{param_name}":
-            return param_name.replace(f".{packed}.", f".{k}.")
-    return param_name
+def tensors_of(param_name: str, mapping: dict) -> list[str]:
+    """The checkpoint tensors that fill a parameter: qkv_proj -> q_proj, k_proj, v_proj; others their own name."""
+    packed = [param_name.replace(f".{p}.", f".{k}.") for k, (p, _) in mapping.items() if f".{p}." in f".{param_name}"]
+    return packed or [param_name]

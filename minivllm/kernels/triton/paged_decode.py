@@ -50,12 +50,9 @@ def paged_decode_kernel(
     g = tl.arange(0, BLOCK_G)  # query heads kvh * GROUP + g, g < GROUP
     d = tl.arange(0, BLOCK_D)
     n = tl.arange(0, BLOCK_N)
-    heads = kvh * GROUP + g
-    q = tl.load(
-        q_ptr + (b * NUM_KV_HEADS * GROUP + heads)[:, None] * D + d[None, :],
-        mask=(g[:, None] < GROUP) & (d[None, :] < D),
-        other=0.0,
-    )  # (BLOCK_G, BLOCK_D)
+    rows = b * NUM_KV_HEADS * GROUP + kvh * GROUP + g  # (BLOCK_G,) rows of q and out: sequence b's query heads
+    row_mask = (g[:, None] < GROUP) & (d[None, :] < D)  # (BLOCK_G, BLOCK_D)
+    q = tl.load(q_ptr + rows[:, None] * D + d[None, :], mask=row_mask, other=0.0)  # (BLOCK_G, BLOCK_D)
     # this split's keys: [start, end), the context cut into num_splits parts of a multiple of BLOCK_N keys
     chunk = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
     start = split * chunk
@@ -90,12 +87,11 @@ def paged_decode_kernel(
     if PDL:
         pdl_launch_dependents()
     out = acc / tl.where(l > 0, l, 1.0)[:, None]  # an empty split or context: zeros
-    o_mask = (g[:, None] < GROUP) & (d[None, :] < D)
-    o_offs = ((b * NUM_KV_HEADS * GROUP + heads)[:, None] * num_splits + split) * D + d[None, :]
-    tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=o_mask)
+    o_offs = (rows[:, None] * num_splits + split) * D + d[None, :]
+    tl.store(out_ptr + o_offs, out.to(out_ptr.dtype.element_ty), mask=row_mask)
     if SPLIT:  # log-sum-exp (base 2) of this split's scores
         lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), -float("inf"))
-        tl.store(lse_ptr + (b * NUM_KV_HEADS * GROUP + heads) * num_splits + split, lse, mask=g < GROUP)
+        tl.store(lse_ptr + rows * num_splits + split, lse, mask=g < GROUP)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -135,11 +131,10 @@ HEADS_FASTEST = True  # grid (Hkv, B, splits): 1-1.5% faster at batch 96-256 (be
 
 
 def num_splits(batch: int, num_kv_heads: int, max_splits: int = MAX_SPLITS) -> int:
-    """How many parts each sequence's context is cut into: a function of the batch only, so a CUDA graph captured
-    for a batch size keeps it whatever the context lengths. Up to 768 (sequence, KV head) pairs (batch 96 at 8 KV
-    heads), at least 4: the contexts of a batch differ by up to 4x and the longest unsplit ones set the kernel's time
-    (batch 64: 96.6 us unsplit, 88.9 in 4 parts); under 96 pairs more, for ~3 programs per SM (132 SMs). Above 768,
-    unsplit: the many programs even out, and splitting only adds the combine (benchmarks/sweep_paged_decode.py)."""
+    """How many parts each context is cut into: a function of the batch only, so a CUDA graph captured for a batch
+    size keeps it. Up to 768 (sequence, KV head) pairs, at least 4: a batch's contexts differ by up to 4x and the
+    longest unsplit ones set the time (batch 64: 96.6 us unsplit, 88.9 in 4 parts); under 96 pairs more, for ~3
+    programs per SM. Above 768, unsplit: splitting only adds the combine (benchmarks/sweep_paged_decode.py)."""
     pairs = batch * num_kv_heads
     return 1 if pairs > 768 else min(max_splits, max(4, triton.cdiv(384, pairs)))
 
@@ -165,9 +160,8 @@ def paged_decode(
     use_pdl: bool = True,
 ) -> torch.Tensor:
     """q (B, H, D), caches (num_blocks, block_size, Hkv, D), context_lens (B,) int32, block_tables (B, M) int32 with
-    valid block ids in every entry a context reaches (padding past it is never read) -> (B, H, D). block_n /
-    num_warps / num_stages: the launch (default `tile_config`). heads_fastest: programs side by side read the KV
-    heads of the same tokens (one cache row), not one head of many sequences. use_pdl: `pdl_args`."""
+    valid block ids in every entry a context reaches -> (B, H, D). Tiles by `tile_config`; heads_fastest: programs
+    side by side read the KV heads of the same tokens (one cache row), not one head of many sequences."""
     B, H, D = q.shape
     default_n, default_stages = tile_config(q.dtype, D)
     block_n, num_stages = block_n or default_n, num_stages or default_stages
@@ -180,19 +174,11 @@ def paged_decode(
         return out
     partial = out if splits == 1 else torch.empty(B, H, splits, D, dtype=torch.float32, device=q.device)
     lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device) if splits > 1 else partial
-    group = H // Hkv
+    group, pdl = H // Hkv, pdl_args(q.device, use_pdl)
     grid = (Hkv, B, splits) if heads_fastest else (B, Hkv, splits)
+    args = (q, k_cache, v_cache, block_tables, context_lens, partial, lse, scale, block_tables.stride(0), splits)
     paged_decode_kernel[grid](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        context_lens,
-        partial,
-        lse,
-        scale,
-        block_tables.stride(0),
-        splits,
+        *args,
         NUM_KV_HEADS=Hkv,
         GROUP=group,
         D=D,
@@ -205,30 +191,23 @@ def paged_decode(
         IEEE=q.dtype == torch.float32 or not q.is_cuda,  # the interpreter's bf16 tl.dot is wrong: fp32 there
         num_warps=num_warps,
         num_stages=num_stages,
-        **pdl_args(q.device, use_pdl),
+        **pdl,
     )
     if splits > 1:
+        block_s = max(MAX_SPLITS, triton.next_power_of_2(splits))  # one variant for the engine's splits
         combine_splits_kernel[(B * H,)](
-            partial,
-            lse,
-            out,
-            splits,
-            D=D,
-            BLOCK_S=max(MAX_SPLITS, triton.next_power_of_2(splits)),  # one variant for the engine's splits
-            BLOCK_D=triton.next_power_of_2(D),
-            **pdl_args(q.device, use_pdl),
+            partial, lse, out, splits, D=D, BLOCK_S=block_s, BLOCK_D=triton.next_power_of_2(D), **pdl
         )
     return out
 
 
 # --- programmatic dependent launch (PDL, Hopper and later) ----------------------------------------------------
-# A decode step's CUDA graph runs ~270 kernels back to back, most a few microseconds long, each paying for its start
-# and its tail while the GPU is partly idle. With PDL a kernel may start while the one before it still runs. Each of
-# our decode-step kernels (these two and the attention prologue) calls `pdl_wait()` before it reads what an earlier
-# kernel wrote or writes anything (it returns once the previous kernel, which waited for its own, has finished and its
-# writes are visible), and `pdl_launch_dependents()` after its main loop: the next kernel's programs launch while our
-# last ones store (triggered at the start, whole chains would launch ahead and wait on the SMs). Kernels not ours
-# launch as usual. A decode step is ~10-30 us faster (benchmarks/HISTORY.md). Off on CPU and before Hopper.
+# A decode step's CUDA graph runs ~270 kernels of a few microseconds each, each paying for its start and tail while
+# the GPU is partly idle. With PDL a kernel may start while the one before it runs. Each of our decode-step kernels
+# (these two and the attention prologue) calls `pdl_wait()` before it reads what an earlier kernel wrote or writes
+# anything (it returns once the previous kernel has finished, its writes visible), and `pdl_launch_dependents()`
+# after its main loop: the next kernel's programs launch while our last ones store (triggered at the start, whole
+# chains would launch ahead and wait on the SMs). A decode step is ~10-30 us faster. Off on CPU and before Hopper.
 
 
 @lru_cache(None)

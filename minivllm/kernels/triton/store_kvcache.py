@@ -1,7 +1,6 @@
-"""store_kvcache: scatter each new token's K and V into its slot of the paged cache, one Triton program
-per token, slot -1 skipped (notebook 06). Runs on CUDA, and unchanged on CPU through the Triton interpreter
-(minivllm/__init__.py sets TRITON_INTERPRET=1 there). A CPU engine stores with its C++ operator or the masked
-index assignment `store_kvcache_torch` (layers/attention.py): the interpreter copies the whole cache at each launch."""
+"""store_kvcache: scatter each new token's K and V into its slot of the paged cache, one Triton program per token,
+slot -1 skipped (notebook 06). Runs on CUDA, and on CPU through the Triton interpreter, which copies the whole cache
+at each launch: a CPU engine stores with its C++ operator or `store_kvcache_torch` (layers/attention.py)."""
 
 import torch
 import triton
@@ -44,9 +43,7 @@ def store_kvcache(
     assert key.stride(1) == head_dim and value.stride(1) == head_dim, "heads of a token must be contiguous"
     assert k_cache.stride(1) == D and v_cache.stride(1) == D, "each cache slot must hold D contiguous values"
     assert value.shape == key.shape, f"value shape {tuple(value.shape)} != key shape {tuple(key.shape)}"
-    assert k_cache.shape[2:] == key.shape[1:], (
-        f"cache (kv_heads, head_dim) {tuple(k_cache.shape[2:])} != key's {tuple(key.shape[1:])}"
-    )
+    assert k_cache.shape[2:] == key.shape[1:], f"cache heads {tuple(k_cache.shape[2:])} != key's {tuple(key.shape[1:])}"
     assert slot_mapping.numel() == N, f"slot_mapping has {slot_mapping.numel()} entries for {N} tokens"
     if N == 0:
         return
