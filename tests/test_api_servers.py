@@ -79,7 +79,7 @@ def stream(url: str, events: list, started: threading.Event | None = None, max_t
 def server(chat_model, tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("ipc"))  # the server's temporary directories land here
     port = free_port()
-    flags = ["--api-server-count", "2", "--max-model-len", "2048", "--max-num-seqs", "1"]
+    flags = ["--api-server-count", "2", "--max-model-len", "2048", "--max-num-seqs", "1", "--stream-interval", "3"]
     proc = start_server(chat_model, port, *flags, env=dict(TMPDIR=tmp))
     deadline = time.time() + 60
     while len(api_servers(proc)) < 2:
@@ -134,6 +134,23 @@ def test_both_processes_serve_greedy_answers_and_metrics_count_the_whole_server(
     model = [k for k in after if k.startswith("vllm:request_success_total")][0].split('model_name="')[1][:-2]
     assert after[key % model] - before.get(key % model, 0) == done
     idle(url)
+
+
+def test_each_process_streams_with_the_servers_stream_interval(server, offline):
+    """`--stream-interval 3` reaches every API-server process: a stream's 12 tokens come in a few events (the
+    first token alone, then threes), the same greedy tokens as offline."""
+    proc, url, _ = server
+    body = dict(max_tokens=12, temperature=0, ignore_eos=True, logprobs=0, return_tokens_as_token_ids=True, stream=True)
+    for ids, expected in zip(IDS[:6], offline):  # six connections: both processes, as the kernel spreads them
+        counts, tokens = [], []
+        with httpx.stream("POST", url + "/v1/completions", json={**body, "prompt": ids}, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    got = json.loads(line[6:])["choices"][0]["logprobs"]["tokens"]
+                    counts.append(len(got))
+                    tokens += [int(t.removeprefix("token_id:")) for t in got]
+        assert tokens == expected
+        assert len(counts) <= 1 + 4 + 1 and max(counts) >= 3, counts  # (one a token would be 12 events)
 
 
 def test_a_client_disconnect_aborts_its_request_in_the_core(server):
