@@ -33,7 +33,7 @@ def test_attention_warmup_fits_the_engine(tiny_qwen3, block_size, max_model_len,
         return logits
 
     runner.run_model = recorded
-    runner.warmup_attention()
+    runner.compile_ahead.warmup_attention(runner)
     assert runs == expected
     runner.run_model = run_model  # the engine still answers afterwards
     out = llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
@@ -263,7 +263,7 @@ def test_attention_compile_ahead_makes_the_warmup_prefills_call(tiny_qwen3, monk
     assert runner.compile_ahead.attention is None  # no thread on CPU
     runner.prefill_keys_from_cache = True  # as with FlashAttention-4
     monkeypatch.setattr(attention_backends.TorchBackend, "prefill_paged", recorded)
-    runner.warmup_attention()
+    runner.compile_ahead.warmup_attention(runner)
     layers = len(runner.attn_layers)
     assert len(calls) == layers and len(set(calls)) == 1
     stand_in = attention_compile.StandIn.of(runner.config)

@@ -43,7 +43,9 @@ def store_kvcache(
     assert key.stride(1) == head_dim and value.stride(1) == head_dim, "heads of a token must be contiguous"
     assert k_cache.stride(1) == D and v_cache.stride(1) == D, "each cache slot must hold D contiguous values"
     assert value.shape == key.shape, f"value shape {tuple(value.shape)} != key shape {tuple(key.shape)}"
-    assert k_cache.shape[2:] == key.shape[1:], f"cache heads {tuple(k_cache.shape[2:])} != key's {tuple(key.shape[1:])}"
+    assert k_cache.shape[2:] == key.shape[1:], (
+        f"cache (kv_heads, head_dim) {tuple(k_cache.shape[2:])} != key's {tuple(key.shape[1:])}"
+    )
     assert slot_mapping.numel() == N, f"slot_mapping has {slot_mapping.numel()} entries for {N} tokens"
     if N == 0:
         return
