@@ -326,8 +326,9 @@ def test_sigterm_under_load_stops_every_process(chat_model):
 
 
 def test_metrics_observe_every_output_of_a_stream():
-    """ServerMetrics.observe on a stream of three outputs (2 + 1 + 2 tokens, the last finishing): one first-token
-    time, two inter-token gaps, one end-to-end latency, 5 generation tokens and one success by finish reason."""
+    """A request's meter (ServerMetrics.request) fed a stream of three outputs (2 + 1 + 2 tokens, the last
+    finishing): one first-token time, two inter-token gaps, one end-to-end latency, 5 generation tokens and one
+    success by finish reason."""
     from types import SimpleNamespace
 
     from minivllm.frontend.outputs import CompletionOutput, RequestOutput
@@ -346,7 +347,11 @@ def test_metrics_observe_every_output_of_a_stream():
             yield o
 
     async def consume(streaming):
-        return [o async for o in sm.observe(stream(), streaming)]
+        meter, seen = sm.request(streaming), []
+        async for o in stream():
+            meter(o)  # as the server calls it, with each output as it passes
+            seen.append(o)
+        return seen
 
     assert len(asyncio.run(consume(True))) == 3
     text = sm.render().decode()

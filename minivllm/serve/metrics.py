@@ -18,7 +18,6 @@ API-server process took (with several, one series per process, labelled with its
 
 import os
 import time
-from collections.abc import AsyncIterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -88,17 +87,6 @@ class ServerMetrics:
         """A request's meter: call it with each of its outputs as it passes (the latencies only of a streamed
         request, whose outputs come as the tokens do)."""
         return RequestMetrics(self, streaming)
-
-    async def observe(self, stream: AsyncIterator[RequestOutput], streaming: bool) -> AsyncIterator[RequestOutput]:
-        """`stream`, its outputs counted as they pass. Closing this closes `stream` (aborting its request). (The
-        server calls the meter inline instead: a generator layer less on every token.)"""
-        meter = self.request(streaming)
-        try:
-            async for output in stream:
-                meter(output)
-                yield output
-        finally:
-            await stream.aclose()
 
 
 class RequestMetrics:
