@@ -229,9 +229,9 @@ def test_a_killed_tokenizer_worker_fails_only_its_request_and_is_replaced(trusti
     assert_serving(trusting.url, llm)
 
 
-def test_a_pool_whose_workers_cannot_start_says_so(tmp_path):
-    """/health tells the truth: a worker that cannot start (no tokenizer there) makes the pool unhealthy, and a
-    job fails at once (a 500) instead of waiting forever."""
+def test_a_pool_whose_workers_cannot_start_says_so(tmp_path, caplog):
+    """/health tells the truth: a worker that cannot start (no tokenizer there) makes the pool unhealthy, a job
+    fails at once (a 500) instead of waiting forever, and the log says why the worker could not start."""
     import asyncio
 
     from minivllm.serve.tokenizer_pool import TokenizerPool, WorkerDiedError
@@ -244,3 +244,21 @@ def test_a_pool_whose_workers_cannot_start_says_so(tmp_path):
             asyncio.run(asyncio.wait_for(pool.encode("hi"), 60))
     finally:
         pool.shutdown()
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors and all("could not load the tokenizer: ValueError: Unrecognized model" in e for e in errors), errors
+    assert "config.json" in errors[0], errors
+
+
+@pytest.mark.parametrize("after", [0.0, 0.5])
+def test_a_pool_shut_down_while_its_workers_start_logs_no_error(llm, caplog, after):
+    """shutdown() stops a worker still loading its tokenizer (made and not yet started, or loading): it returns,
+    the worker's thread ends, and that is no failure to report."""
+    import time
+
+    from minivllm.serve.tokenizer_pool import TokenizerPool
+
+    pool = TokenizerPool(llm.model, 64, workers=1, tokenizer=llm.tokenizer_dir)
+    time.sleep(after)
+    pool.shutdown(grace=0.0)  # (the worker is killed mid-start)
+    assert not pool.workers[0].thread.is_alive()
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []

@@ -62,8 +62,15 @@ class Worker:
         self.process.start()
         child_conn.close()
         self.conn = parent_conn
-        if not wait([self.conn, self.process.sentinel], START_TIMEOUT) or self.conn.recv()[0] != "ready":
-            raise RuntimeError("the tokenizer worker did not start")
+        if not wait([self.conn, self.process.sentinel], START_TIMEOUT):
+            raise RuntimeError(f"it did not load the tokenizer within {START_TIMEOUT:.0f} s")
+        try:
+            kind, why = self.conn.recv()
+        except EOFError:
+            self.process.join(1)
+            raise RuntimeError(f"it exited while starting (exit code {self.process.exitcode})") from None
+        if kind != "ready":
+            raise RuntimeError(f"it could not load the tokenizer: {why}")
 
     def restart(self) -> None:
         self.stop_process()
@@ -72,7 +79,8 @@ class Worker:
             self.broken = False
         except Exception as e:
             self.broken = True
-            logger.error("tokenizer worker %d could not be started: %s", self.index, e)
+            if not self.pool.closing:  # (shutdown() stops a worker that is still starting: no news)
+                logger.error("tokenizer worker %d could not be started: %s", self.index, e)
 
     def run(self) -> None:
         self.restart()
@@ -202,6 +210,6 @@ class TokenizerPool:
         for w in self.workers:
             w.thread.join(max(0.0, deadline - time.monotonic()))
         for w in self.workers:
-            if w.thread.is_alive() and (process := w.process) is not None:
-                process.kill()
+            if w.thread.is_alive() and (process := w.process) is not None and process.pid is not None:
+                process.kill()  # (pid None: its thread has made it but not started it yet; it stops after)
             w.thread.join(10)

@@ -65,7 +65,11 @@ JOBS = dict(encode=_encode, chat=_chat, decode=_decode)
 
 def serve_jobs(conn, model: str, tokenizer: str, parent: int) -> None:
     """A worker process: load the tokenizer, say so, then answer jobs one at a time until told to stop."""
-    _load(model, tokenizer, parent)
+    try:
+        _load(model, tokenizer, parent)
+    except Exception as e:  # (no tokenizer there, a broken file): the server logs why
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
     conn.send(("ready", None))
     while True:
         try:
