@@ -1,8 +1,8 @@
 """The API server's CPU per streamed token, without the engine and without the socket: what `bench_serve.py`'s
 `cpu_us_per_token_api` measures, less its noise on a small shared machine.
 
-The API server is the real one (`build_app` over `AsyncMPClient`, uvicorn's HTTP protocol, the output thread),
-on a fake engine core and a fake transport:
+The API server is the real one (`build_app` over `AsyncMPClient`, uvicorn's HTTP protocol, the output thread, on
+uvloop as uvicorn runs it, or asyncio's loop with `--loop asyncio`), on a fake engine core and a fake transport:
 
     this process (measured: time.process_time)                     a child process (not measured)
     uvicorn's HttpToolsProtocol <- the request's bytes             a fake core on the real ZMQ sockets: every
@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 import uvicorn
+import uvloop
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tests/helpers
@@ -171,6 +172,7 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--step-ms", type=float, default=8.0, help="the fake core's step (long enough not to merge)")
     ap.add_argument("--stream-interval", type=int, default=1, help="the server's --stream-interval")
+    ap.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop", help="the event loop (uvicorn's default: uvloop)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--profile", help="run once under cProfile, write the stats here")
     args = ap.parse_args()
@@ -187,7 +189,7 @@ def main() -> None:
     app = build_app(client, "bench")
     config = uvicorn.Config(app, log_level="warning")
     config.load()
-    loop = asyncio.new_event_loop()
+    loop = uvloop.new_event_loop() if args.loop == "uvloop" else asyncio.new_event_loop()
     try:
         warm = argparse.Namespace(**{**vars(args), "num_requests": min(16, args.num_requests)})
         loop.run_until_complete(run(app, config, warm, vocab, client.thread))  # (imports, first calls)
