@@ -64,3 +64,16 @@ def attention_fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
 def sizes(gen) -> tuple[int, int, int]:
     """(Hkv, group, head_dim): GQA and sizes that are not powers of two."""
     return 3, 2, 2 * odd_size(gen, 5, 14)
+
+
+def attention_bf16_probs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """The same as a bf16 GPU kernel computes it (FlashAttention's trade, and our paged decode's on a GPU): scores,
+    maxima and sums in fp32, the probabilities rounded to bf16 before they weight the values, one cast at the end."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.float().repeat_interleave(group, 1), v.float().repeat_interleave(group, 1)
+    s = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
+    lq, lk = q.shape[0], k.shape[0]
+    mask = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq)
+    p = (s.masked_fill(~mask, float("-inf")) - s.masked_fill(~mask, float("-inf")).amax(-1, keepdim=True)).exp()
+    out = torch.einsum("hqk,khd->qhd", p.to(torch.bfloat16).float(), v) / p.sum(-1).transpose(0, 1)[..., None]
+    return out.to(q.dtype)

@@ -7,7 +7,7 @@ Scores that overflow exp in fp32 catch an online softmax without its running max
 import pytest
 import torch
 
-from course.paged import attention_exact, attention_fp32, make_paged, sizes
+from course.paged import attention_bf16_probs, attention_exact, attention_fp32, make_paged, sizes
 from helpers.course import DTYPES, KERNEL_DEVICE, assert_close, assert_exact, odd_size, seeded
 from minivllm.kernels import torch_attention as ta
 from minivllm.kernels.triton.paged_decode import paged_decode
@@ -86,6 +86,11 @@ def toward_zero(x: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32).to(torch.bfloat16)
 
 
+def bf16_probs_oracle(p, q) -> torch.Tensor:
+    d = q.shape[-1]
+    return torch.stack([attention_bf16_probs(q[i : i + 1], *p.keys(i), d**-0.5)[0] for i in range(len(p.lens))])
+
+
 def decode_case(dtype, seed: int, scale_values: float = 1.0, lens=None):
     gen = seeded(seed)
     hkv, group, d = sizes(gen)
@@ -120,6 +125,8 @@ def test_paged_decode_kernel(dtype, splits):
     exercise = "combine_splits_kernel" if splits > 1 else "paged_decode_kernel"
     if dtype == torch.bfloat16 and KERNEL_DEVICE == "cpu":  # the interpreter casts to bf16 toward zero
         oracle = toward_zero(exact)
+    elif dtype == torch.bfloat16:  # a GPU's bf16 kernel weights the values with bf16 probabilities (tl.dot's inputs)
+        oracle = bf16_probs_oracle(p, q)
     assert_close(got, exact, exercise, f"decode over {splits} split(s)", oracle=oracle, dtype=dtype)
 
 
