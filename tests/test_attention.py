@@ -224,10 +224,10 @@ def test_num_splits_rule():
 @pytest.mark.gpu
 def test_gpu_decode_kernels_agree_on_the_benchmark_shapes():
     """Our Triton decode and FlashAttention-4's own, on Qwen3-0.6B's heads at the batch sizes bench.py meets."""
+    from helpers.gpu import skip_without_fa4
     from minivllm.kernels.triton.paged_decode import paged_decode
 
-    if "fa4" not in attention_backends.available("cuda"):
-        pytest.skip("FlashAttention-4 is not available on this GPU")
+    skip_without_fa4()
     g = torch.Generator().manual_seed(0)
     for batch, ctx in ((1, 2000), (16, 1500), (256, 600)):
         lens = torch.randint(ctx // 2, ctx + 1, (batch,), generator=g).tolist()

@@ -134,10 +134,9 @@ def test_gpu_helper_process_compiles_the_kernel_prefills_run(gpu_bf16_qwen3, tmp
     import subprocess
     import sys
 
-    from minivllm.kernels.attention_backends import available
+    from helpers.gpu import skip_without_fa4
 
-    if "fa4" not in available("cuda"):  # (MINIVLLM_REQUIRE_FA4=1 makes that an error at the session's start)
-        pytest.skip("FlashAttention-4 is not available on this GPU")
+    skip_without_fa4()
     cache = tmp_path / "fa4"
     env = dict(os.environ, FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=str(cache), FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED="1")
     out = subprocess.run(
@@ -155,10 +154,9 @@ def test_gpu_helper_process_compiles_the_kernel_prefills_run(gpu_bf16_qwen3, tmp
 def test_gpu_fa4_prefill_over_the_cache_equals_its_fresh_path(gpu_bf16_qwen3):
     """FlashAttention-4 engines read every prefill's keys through the page table: greedy tokens equal those of
     its fresh-key kernel (the path before), for short and long prompts, a prefix hit and chunks."""
-    from minivllm.kernels.attention_backends import available
+    from helpers.gpu import skip_without_fa4
 
-    if "fa4" not in available("cuda"):
-        pytest.skip("FlashAttention-4 is not available on this GPU")
+    skip_without_fa4()
 
     def make_llm():
         llm = LLM(gpu_bf16_qwen3, max_num_batched_tokens=256, num_kvcache_blocks=64, dtype="bfloat16")

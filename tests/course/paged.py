@@ -45,14 +45,20 @@ def make_paged(
     return Paged(k, v, tables, lens)
 
 
-def attention_exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """q (Lq, H, D), k/v (Lk, Hkv, D), causal bottom-right (query i sits at Lk - Lq + i), GQA -> (Lq, H, D) fp64."""
+def masked_scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, dtype) -> tuple[torch.Tensor, ...]:
+    """In `dtype`: the scores (H, Lq, Lk), causal bottom-right (query i sits at Lk - Lq + i, the rest -inf), and the
+    values (Lk, H, D), their KV heads repeated for GQA."""
     group = q.shape[1] // k.shape[1]
-    k, v = k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
-    s = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    k, v = k.to(dtype).repeat_interleave(group, 1), v.to(dtype).repeat_interleave(group, 1)
+    s = torch.einsum("qhd,khd->hqk", q.to(dtype), k) * scale
     lq, lk = q.shape[0], k.shape[0]
     mask = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq)
-    s = s.masked_fill(~mask, float("-inf"))
+    return s.masked_fill(~mask, float("-inf")), v
+
+
+def attention_exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q (Lq, H, D), k/v (Lk, Hkv, D), causal bottom-right (query i sits at Lk - Lq + i), GQA -> (Lq, H, D) fp64."""
+    s, v = masked_scores(q, k, v, scale, torch.float64)
     return torch.einsum("hqk,khd->qhd", s.softmax(-1), v)
 
 
@@ -69,11 +75,7 @@ def sizes(gen) -> tuple[int, int, int]:
 def attention_bf16_probs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """The same as a bf16 GPU kernel computes it (FlashAttention's trade, and our paged decode's on a GPU): scores,
     maxima and sums in fp32, the probabilities rounded to bf16 before they weight the values, one cast at the end."""
-    group = q.shape[1] // k.shape[1]
-    k, v = k.float().repeat_interleave(group, 1), v.float().repeat_interleave(group, 1)
-    s = torch.einsum("qhd,khd->hqk", q.float(), k) * scale
-    lq, lk = q.shape[0], k.shape[0]
-    mask = torch.arange(lk)[None, :] <= torch.arange(lq)[:, None] + (lk - lq)
-    p = (s.masked_fill(~mask, float("-inf")) - s.masked_fill(~mask, float("-inf")).amax(-1, keepdim=True)).exp()
+    s, v = masked_scores(q, k, v, scale, torch.float32)
+    p = (s - s.amax(-1, keepdim=True)).exp()  # (H, Lq, Lk)
     out = torch.einsum("hqk,khd->qhd", p.to(torch.bfloat16).float(), v) / p.sum(-1).transpose(0, 1)[..., None]
     return out.to(q.dtype)

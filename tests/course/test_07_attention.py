@@ -86,9 +86,10 @@ def toward_zero(x: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32).to(torch.bfloat16)
 
 
-def bf16_probs_oracle(p, q) -> torch.Tensor:
+def per_sequence(attention, p, q) -> torch.Tensor:
+    """`attention(q, k, v, scale)` of each sequence's query over its keys, contiguous (paged.py), stacked."""
     d = q.shape[-1]
-    return torch.stack([attention_bf16_probs(q[i : i + 1], *p.keys(i), d**-0.5)[0] for i in range(len(p.lens))])
+    return torch.stack([attention(q[i : i + 1], *p.keys(i), d**-0.5)[0] for i in range(len(p.lens))])
 
 
 def decode_case(dtype, seed: int, scale_values: float = 1.0, lens=None):
@@ -97,8 +98,7 @@ def decode_case(dtype, seed: int, scale_values: float = 1.0, lens=None):
     lens = lens or [odd_size(gen, 3, 40), 1, odd_size(gen, 40, 90), 7]
     p = make_paged(gen, lens, hkv, d, dtype, scale_values=scale_values)
     q = (torch.randn(len(lens), hkv * group, d, generator=gen) * scale_values).to(dtype)
-    exact = torch.stack([attention_exact(q[i : i + 1], *p.keys(i), d**-0.5)[0] for i in range(len(lens))])
-    oracle = torch.stack([attention_fp32(q[i : i + 1], *p.keys(i), d**-0.5)[0] for i in range(len(lens))])
+    exact, oracle = per_sequence(attention_exact, p, q), per_sequence(attention_fp32, p, q)
     return p, q, torch.tensor(lens, dtype=torch.int32), d**-0.5, exact, oracle
 
 
@@ -126,7 +126,7 @@ def test_paged_decode_kernel(dtype, splits):
     if dtype == torch.bfloat16 and KERNEL_DEVICE == "cpu":  # the interpreter casts to bf16 toward zero
         oracle = toward_zero(exact)
     elif dtype == torch.bfloat16:  # a GPU's bf16 kernel weights the values with bf16 probabilities (tl.dot's inputs)
-        oracle = bf16_probs_oracle(p, q)
+        oracle = per_sequence(attention_bf16_probs, p, q)
     assert_close(got, exact, exercise, f"decode over {splits} split(s)", oracle=oracle, dtype=dtype)
 
 

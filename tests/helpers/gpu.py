@@ -38,6 +38,15 @@ def why_no_fa4() -> str | None:
     return None
 
 
+def skip_without_fa4() -> None:
+    """Skip the calling GPU test where FlashAttention-4 cannot run (MINIVLLM_REQUIRE_FA4=1 makes that an error at the
+    session's start instead)."""
+    import pytest
+
+    if "fa4" not in attention_backends.available("cuda"):
+        pytest.skip("FlashAttention-4 is not available on this GPU")
+
+
 def flash_backends() -> list[str]:
     """The FlashAttention backends usable on this machine's GPU ("fa4", "flash_attn"), fastest first; [] on a
     machine without CUDA. With a GPU and MINIVLLM_REQUIRE_FA4=1, raises unless "fa4" is among them."""
