@@ -172,7 +172,8 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--step-ms", type=float, default=8.0, help="the fake core's step (long enough not to merge)")
     ap.add_argument("--stream-interval", type=int, default=1, help="the server's --stream-interval")
-    ap.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop", help="the event loop (uvicorn's default: uvloop)")
+    loops = ["uvloop", "asyncio"]
+    ap.add_argument("--loop", choices=loops, default="uvloop", help="the event loop (uvicorn's default: uvloop)")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--profile", help="run once under cProfile, write the stats here")
     args = ap.parse_args()
