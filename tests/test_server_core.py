@@ -6,6 +6,7 @@ mid-stream leave no block behind (a request needing the whole KV cache runs afte
 mid-load ends every stream with an error within seconds, turns /health to 503 and leaves no process behind."""
 
 import asyncio
+import bisect
 import json
 import os
 import signal
@@ -368,6 +369,54 @@ def test_metrics_observe_every_output_of_a_stream():
     text = sm.render().decode()
     assert 'vllm:time_to_first_token_seconds_count{model_name="m"} 1.0' in text
     assert 'vllm:e2e_request_latency_seconds_count{model_name="m"} 2.0' in text
+
+
+def test_metrics_gathered_per_request_reach_prometheus_as_observed_one_by_one(monkeypatch):
+    """A meter gathers its generation tokens and inter-token gaps and hands them to Prometheus at most every
+    FLUSH_S and when its stream ends: the histogram (buckets, +Inf, sum) and the counter read as if every output
+    had been observed on its own; a stream that leaves before its final output (a client gone) is counted when
+    its meter is closed; and a long stream's counts reach Prometheus while it runs."""
+    from types import SimpleNamespace
+
+    from minivllm.frontend.outputs import CompletionOutput, RequestOutput
+    from minivllm.serve import metrics as metrics_module
+    from minivllm.serve.metrics import ITL_BUCKETS, ServerMetrics
+
+    stats = SimpleNamespace(num_running=0, num_waiting=0, kv_cache_usage=0.0, num_preemptions=0)
+    llm = SimpleNamespace(stats=stats)
+    gaps = [0.004, 0.01, 0.0100001, 0.3, 0.31, 25.0, 25.0, 1.0]  # bucket edges, between them, past the last (+Inf)
+    bulk, one_by_one = ServerMetrics(llm, "m"), ServerMetrics(llm, "m")
+    counts = [0] * len(bulk.itl_bounds)
+    for g in gaps:
+        counts[bisect.bisect_left(bulk.itl_bounds, g)] += 1
+        one_by_one.itl.observe(g)
+    bulk.observe_many(bulk.itl, counts, sum(gaps))
+    lines = lambda sm: sm.render().decode().splitlines()
+    hist = lambda sm: [line for line in lines(sm) if "inter_token" in line and "created" not in line]
+    assert hist(bulk) == hist(one_by_one) and len(ITL_BUCKETS) + 3 <= len(hist(bulk))
+
+    clock = [100.0]
+    out = lambda ids, finish=None: RequestOutput(
+        "r", None, [1, 2], [CompletionOutput(0, "x", ids, None, None, finish)], finish is not None
+    )
+    text = lambda sm: sm.render().decode()
+    monkeypatch.setattr(metrics_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    sm = ServerMetrics(llm, "m")
+    meter = sm.request(True)
+    for step in range(4):  # 0.1 s apart: inside one flush interval
+        clock[0] += 0.1
+        meter(out([step]))
+    assert 'vllm:generation_tokens_total{model_name="m"} 0.0' in text(sm)  # gathered, not yet counted
+    meter.close()  # the client left: no final output
+    assert 'vllm:generation_tokens_total{model_name="m"} 4.0' in text(sm)
+    assert 'vllm:inter_token_latency_seconds_count{model_name="m"} 3.0' in text(sm)
+    assert 'vllm:inter_token_latency_seconds_bucket{le="0.15",model_name="m"} 3.0' in text(sm)
+
+    long = sm.request(True)
+    for step in range(12):  # 6 s of 0.5 s steps: counted as it runs
+        clock[0] += 0.5
+        long(out([step]))
+    assert 'vllm:generation_tokens_total{model_name="m"} 16.0' in text(sm)
 
 
 def test_the_engine_processes_are_named(server):

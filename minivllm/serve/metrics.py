@@ -7,7 +7,8 @@ registry of the server's own (two servers in one process never share counts):
   `vllm:generation_tokens_total`, `vllm:request_success_total{finished_reason}`, and the histograms
   `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds` (the gaps between a request's
   outputs, per token) and `vllm:e2e_request_latency_seconds`. A request answered in one piece (no stream)
-  has no first-token or inter-token time to observe here.
+  has no first-token or inter-token time to observe here. A request's per-token counts gather in its meter and
+  reach Prometheus at most every half second and at its end (RequestMetrics).
 
 With several API-server processes (`--api-server-count N`) each counts its own requests, and /metrics, whichever
 process answers, reports the whole server: as vLLM, prometheus_client's multiprocess mode (each process writes its
@@ -18,6 +19,7 @@ API-server process took (with several, one series per process, labelled with its
 
 import os
 import time
+from bisect import bisect_left
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -79,6 +81,18 @@ class ServerMetrics:
         self.ttft = hist("vllm:time_to_first_token_seconds", "Time to the first token.", TTFT_BUCKETS)
         self.itl = hist("vllm:inter_token_latency_seconds", "Time between output tokens.", ITL_BUCKETS)
         self.e2e = hist("vllm:e2e_request_latency_seconds", "Request latency, arrival to finish.", E2E_BUCKETS)
+        self.itl_bounds = (*ITL_BUCKETS, float("inf"))  # the histogram's buckets, +Inf last
+        if tuple(getattr(self.itl, "_upper_bounds", ())) != self.itl_bounds:  # (observe_many's assumption)
+            raise RuntimeError("prometheus_client's Histogram no longer keeps _upper_bounds, _buckets and _sum")
+
+    @staticmethod
+    def observe_many(histogram, counts: list[int], total: float) -> None:
+        """`histogram.observe` of many values at once: `counts[i]` of them in bucket i (Histogram's own layout:
+        a value per bucket, not cumulative, and their sum), one change per bucket instead of one per value."""
+        histogram._sum.inc(total)
+        for bucket, count in zip(histogram._buckets, counts):
+            if count:
+                bucket.inc(count)
 
     def render(self) -> bytes:
         return generate_latest(self.view)
@@ -90,16 +104,24 @@ class ServerMetrics:
 
 
 class RequestMetrics:
-    """One request's counts and latencies, fed each output (`meter(output)`): counted per output, not per token."""
+    """One request's counts and latencies, fed each output (`meter(output)`) and closed at the stream's end
+    (`meter.close()`). The per-token counts (generation tokens, inter-token gaps) gather here and reach
+    Prometheus at most every FLUSH_S seconds and at the end: a Prometheus value takes a lock (and, with several
+    API servers, writes its file) on every change, which would otherwise happen for every output of every stream."""
 
-    __slots__ = ("server", "streaming", "start", "last", "first", "done")
+    __slots__ = ("server", "streaming", "start", "last", "first", "done", "tokens", "gaps", "gap_sum", "flushed")
+
+    FLUSH_S = 0.5
 
     def __init__(self, server: ServerMetrics, streaming: bool) -> None:
         self.server, self.streaming = server, streaming
-        self.start = time.monotonic()
+        self.start = self.flushed = time.monotonic()
         self.last: float | None = None  # when the last output with tokens came
         self.first = True
         self.done: set[int] = set()  # the sequences whose finish is counted
+        self.tokens = 0  # generation tokens not yet counted in Prometheus
+        self.gaps = [0] * len(server.itl_bounds)  # inter-token gaps not yet observed, per bucket
+        self.gap_sum = 0.0
 
     def __call__(self, output: RequestOutput) -> None:
         m, now = self.server, time.monotonic()
@@ -113,13 +135,31 @@ class RequestMetrics:
             if c.finish_reason is not None and c.index not in self.done:
                 self.done.add(c.index)
                 m.success.labels(model_name=m.model_name, finished_reason=c.finish_reason).inc()
-        if tokens:  # (a counter's inc takes its lock: none for nothing)
-            m.generation_tokens.inc(tokens)
+        if tokens:
+            self.tokens += tokens
             if self.streaming:
                 if self.last is None:
                     m.ttft.observe(now - self.start)
                 else:
-                    m.itl.observe((now - self.last) / tokens)
+                    gap = (now - self.last) / tokens
+                    self.gaps[bisect_left(m.itl_bounds, gap)] += 1  # (the histogram's bucket: gap <= its bound)
+                    self.gap_sum += gap
                 self.last = now
         if output.finished:
+            self.close()
             m.e2e.observe(now - self.start)
+        elif now - self.flushed >= self.FLUSH_S:
+            self.flush(now)
+
+    def close(self) -> None:
+        """The stream ended (finished, failed or left): what gathered reaches Prometheus."""
+        self.flush(time.monotonic())
+
+    def flush(self, now: float) -> None:
+        m, self.flushed = self.server, now
+        if self.tokens:
+            m.generation_tokens.inc(self.tokens)
+            self.tokens = 0
+        if any(self.gaps):
+            m.observe_many(m.itl, self.gaps, self.gap_sum)
+            self.gaps, self.gap_sum = [0] * len(m.itl_bounds), 0.0

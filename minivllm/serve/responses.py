@@ -125,6 +125,9 @@ class Completions:
                 results[i] = output
         except Exception as e:  # the engine died, refused the request (400) or failed it (500)
             return error_response(str(e), *failure(e))
+        finally:
+            for meter in self.meters:
+                meter.close()
         choices = []
         for i in sorted(results):
             self.count(i, results[i], True)
@@ -167,6 +170,8 @@ class Completions:
         except Exception as e:  # the stream has begun: the error is its last event
             tail.append(sse(error_body(str(e), *failure(e))))
         finally:
+            for meter in self.meters:
+                meter.close()
             await source.aclose()
         yield b"".join([*tail, sse("[DONE]")])
 
