@@ -19,6 +19,7 @@ from minivllm.sampling_params import SamplingParams
 class Detokenizer:
     def __init__(self, tokenizer, params: SamplingParams) -> None:
         self.tokenizer = tokenizer  # a fast (Rust-backed) Hugging Face tokenizer
+        self.backend = tokenizer.backend_tokenizer  # (its `tokenizers` object: DecodeStream steps on it)
         self.skip_special_tokens = params.skip_special_tokens
         self.stream = DecodeStream(skip_special_tokens=params.skip_special_tokens)
         self.stop, self.include_stop = params.stop, params.include_stop_str_in_output
@@ -35,7 +36,7 @@ class Detokenizer:
         start = len(self.text)
         for token in token_ids:
             self.ids.append(token)
-            piece = self.stream.step(self.tokenizer.backend_tokenizer, token)
+            piece = self.stream.step(self.backend, token)
             if piece is None:
                 self.incomplete += 1
             else:

@@ -193,12 +193,11 @@ class AsyncMPClient:
                 target = self.streams.get(output.request_id)
                 if target is None:
                     continue
-                failed = [c.stop_reason for c in output.outputs if c.finish_reason == "error"]  # (request.py: fail)
-                by_loop.setdefault(target[0], []).append(
-                    (target[1], m.RequestFailedError(failed[0]) if failed else output)
-                )
-                if output.finished:
+                if output.finished:  # (a request that failed ends every sequence: request.py's fail)
                     del self.streams[output.request_id]
+                    failed = [c.stop_reason for c in output.outputs if c.finish_reason == "error"]
+                    output = m.RequestFailedError(failed[0]) if failed else output
+                by_loop.setdefault(target[0], []).append((target[1], output))
             if stopped:
                 self.core.send(m.FinishSequences(stopped))
             if msg.utility is not None:
