@@ -196,6 +196,20 @@ class CpuMeter:
         out["client"] = r.ru_utime + r.ru_stime
         return out
 
+    def wait_quiet(self, cores: float = 0.2, window: float = 0.5, timeout: float = 60.0) -> float:
+        """Wait until the server's processes together use less than `cores` of CPU over `window` seconds (the
+        first /health answer comes from whichever API-server process is ready first; the others, and their
+        tokenizer workers, may still be loading). Returns the seconds waited."""
+        start = time.monotonic()
+        last = self.read()
+        while time.monotonic() - start < timeout:
+            time.sleep(window)
+            now = self.read()
+            if (now["engine"] + now["api"]) - (last["engine"] + last["api"]) < cores * window:
+                break
+            last = now
+        return time.monotonic() - start
+
     @staticmethod
     def per_token(before: dict[str, float], after: dict[str, float], tokens: int) -> dict[str, float]:
         return {f"cpu_us_per_token_{k}": (after[k] - before[k]) / max(1, tokens) * 1e6 for k in before}
@@ -358,6 +372,7 @@ def serve_levels(model: str | None, flags: list[str], args, sweep, prompts_of, w
         warmup = asyncio.run(run_level(url + "/v1/completions", served["id"], warm, 8, 4, float("inf")))  # JIT
         check_level(warmup, server, args.server_log, "warm-up at concurrency")
         meter = CpuMeter(server.pid)
+        meter.wait_quiet()  # (API servers still starting, or a tokenizer worker loading, are not a level's cost)
         for (c, rate), prompts in zip(sweep, prompts_of):
             httpx.post(url + "/reset_prefix_cache")
             before = meter.read()
