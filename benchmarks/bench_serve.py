@@ -3,6 +3,7 @@ first token (TTFT), time per output token after the first (TPOT) and inter-token
 p99, over a sweep of fixed concurrencies and of request rates (Poisson arrivals). It starts `python3 -m
 minivllm serve` in a subprocess, sends streaming /v1/completions requests of random token ids (vLLM's
 "random" dataset: fixed input and output lengths, ignore_eos) with aiohttp, as `vllm bench serve` does,
+waits after its warm-up until the server's processes are quiet (a slow host may still be starting some),
 resets the prefix cache before each level, then stops the server and runs the same requests of every level
 through the offline `LLM.generate` (the engine alone, same engine arguments): each level reports served output
 tok/s, offline tok/s and their ratio (what the serving layer keeps of the engine's speed); on the CPU also the

@@ -196,10 +196,11 @@ class AsyncLLM:
             target = self.streams.get(output.request_id)
             if target is None:
                 continue
-            failed = [c.stop_reason for c in output.outputs if c.finish_reason == "error"]  # (engine/request.py: fail)
-            by_loop.setdefault(target[0], []).append((target[1], RequestFailedError(failed[0]) if failed else output))
-            if output.finished:
+            if output.finished:  # (a request that failed ends every sequence: engine/request.py's fail)
                 del self.streams[output.request_id]
+                failed = [c.stop_reason for c in output.outputs if c.finish_reason == "error"]
+                output = RequestFailedError(failed[0]) if failed else output
+            by_loop.setdefault(target[0], []).append((target[1], output))
         for loop, items in by_loop.items():
             _send(loop, _put_all, items)
 
