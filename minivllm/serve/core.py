@@ -32,6 +32,7 @@ from minivllm.engine.tp_workers import set_process_name
 from minivllm.frontend.engine_args import config_args
 from minivllm.frontend.sampling_extras import SamplingExtras
 from minivllm.serve import messages as m
+from minivllm.serve.gc_heap import startup_heap_frozen
 
 CORE = "minivllm-core"  # the engine core process's name in ps / top (bench_serve.py counts it as the engine)
 POLL_MS = 200  # idle: how often to look whether the API server is still there
@@ -148,7 +149,8 @@ def run_engine_core(model: str, engine_args: dict, clients: list[tuple[str, str]
     for out in outputs:
         out.send(enc.encode(ready))
     try:
-        loop(core, inputs, outputs, enc, dec, parent_gone)
+        with startup_heap_frozen():  # (a full collection would pause a step ~0.1 s: gc_heap.py)
+            loop(core, inputs, outputs, enc, dec, parent_gone)
     finally:
         engine.exit()
         for sock in inputs + outputs:

@@ -32,6 +32,7 @@ from minivllm.engine.tp_workers import free_port
 from minivllm.frontend.inputs import is_token_ids
 from minivllm.frontend.sampling_checks import MAX_N, check_sampling_params
 from minivllm.serve.async_llm import AsyncLLM, EngineDeadError
+from minivllm.serve.gc_heap import startup_heap_frozen
 from minivllm.serve.http_errors import add_error_handlers, error_response
 from minivllm.serve.launcher import Server
 from minivllm.serve.metrics import ServerMetrics
@@ -202,7 +203,8 @@ def run_server(
     previous = {s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT, signal.SIGTERM)}
     server = Server(config, llm, parent_pid)
     try:
-        server.run(sockets=sockets)
+        with startup_heap_frozen():  # (a full collection would pause every stream ~0.1 s: gc_heap.py)
+            server.run(sockets=sockets)
     finally:
         llm.shutdown()  # (done already by the app's shutdown, unless uvicorn failed to start)
         for s, handler in previous.items():
@@ -226,13 +228,8 @@ class ServerThread:
         self.port = port or free_port()
         self.url = f"http://{host}:{self.port}"
         self.app = build_app(llm, served_model_name, options=options)
-        config = uvicorn.Config(
-            self.app,
-            host=host,
-            port=self.port,
-            log_level="warning",
-            timeout_keep_alive=TIMEOUT_KEEP_ALIVE,
-        )
+        keep_alive = dict(timeout_keep_alive=TIMEOUT_KEEP_ALIVE)
+        config = uvicorn.Config(self.app, host=host, port=self.port, log_level="warning", **keep_alive)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="minivllm-server", daemon=True)
 
