@@ -35,7 +35,7 @@ from minivllm.frontend.processor import Processor
 from minivllm.llm import LLM
 from minivllm.sampling_params import SamplingParams
 from minivllm.serve.core_client import AsyncMPClient
-from minivllm.serve.messages import EngineDeadError, RequestFailedError, SchedulerStats
+from minivllm.serve.messages import EngineDeadError, SchedulerStats, failure_of
 from minivllm.serve.output_collector import RequestOutputCollector, check_stream_interval
 
 MAX_STEP_LOG = 100_000  # a server runs for days: keep the step log's tail only
@@ -196,10 +196,9 @@ class AsyncLLM:
             target = self.streams.get(output.request_id)
             if target is None:
                 continue
-            if output.finished:  # (a request that failed ends every sequence: engine/request.py's fail)
+            if output.finished:
                 del self.streams[output.request_id]
-                failed = [c.stop_reason for c in output.outputs if c.finish_reason == "error"]
-                output = RequestFailedError(failed[0]) if failed else output
+                output = failure_of(output)
             by_loop.setdefault(target[0], []).append((target[1], output))
         for loop, items in by_loop.items():
             _send(loop, _put_all, items)

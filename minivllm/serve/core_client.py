@@ -193,10 +193,9 @@ class AsyncMPClient:
                 target = self.streams.get(output.request_id)
                 if target is None:
                     continue
-                if output.finished:  # (a request that failed ends every sequence: request.py's fail)
+                if output.finished:
                     del self.streams[output.request_id]
-                    failed = [c.stop_reason for c in output.outputs if c.finish_reason == "error"]
-                    output = m.RequestFailedError(failed[0]) if failed else output
+                    output = m.failure_of(output)
                 by_loop.setdefault(target[0], []).append((target[1], output))
             if stopped:
                 self.core.send(m.FinishSequences(stopped))

@@ -34,6 +34,13 @@ class RequestFailedError(RuntimeError):
     """The engine could not run this request (an error of its own, finish_reason "error"): it alone fails (a 500)."""
 
 
+def failure_of(output):
+    """What a finished output's stream receives: RequestFailedError when the engine failed the request (engine/
+    request.py's fail ends every sequence of it with finish_reason "error" and the message), else the output."""
+    failed = [c.stop_reason for c in output.outputs if c.finish_reason == "error"]
+    return RequestFailedError(failed[0]) if failed else output
+
+
 # --- to the core ----------------------------------------------------------------------------------------
 
 

@@ -146,7 +146,7 @@ class RequestMetrics:
                     self.gap_sum += gap
                 self.last = now
         if output.finished:
-            self.close()
+            self.flush(now)
             m.e2e.observe(now - self.start)
         elif now - self.flushed >= self.FLUSH_S:
             self.flush(now)

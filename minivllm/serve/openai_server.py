@@ -228,8 +228,9 @@ class ServerThread:
         self.port = port or free_port()
         self.url = f"http://{host}:{self.port}"
         self.app = build_app(llm, served_model_name, options=options)
-        keep_alive = dict(timeout_keep_alive=TIMEOUT_KEEP_ALIVE)
-        config = uvicorn.Config(self.app, host=host, port=self.port, log_level="warning", **keep_alive)
+        config = uvicorn.Config(
+            self.app, host=host, port=self.port, log_level="warning", timeout_keep_alive=TIMEOUT_KEEP_ALIVE
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="minivllm-server", daemon=True)
 
