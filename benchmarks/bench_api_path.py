@@ -42,6 +42,7 @@ from minivllm.engine.request import EngineOutput
 from minivllm.serve import messages as m
 from minivllm.serve.core_client import AsyncMPClient
 from minivllm.serve.core_process import CoreSockets
+from minivllm.serve.gc_heap import startup_heap_frozen
 from minivllm.serve.openai_server import build_app
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
@@ -194,27 +195,30 @@ def main() -> None:
     try:
         warm = argparse.Namespace(**{**vars(args), "num_requests": min(16, args.num_requests)})
         loop.run_until_complete(run(app, config, warm, vocab, client.thread))  # (imports, first calls)
-        if args.profile:
-            prof = cProfile.Profile(time.thread_time)  # this thread's CPU, not its waits for the GIL
-            prof.enable()
-            result = loop.run_until_complete(run(app, config, args, vocab, client.thread))
-            prof.disable()
-            prof.dump_stats(args.profile)
-            print(result)
-            return
-        results = []
-        for _ in range(args.repeat):
-            results.append(loop.run_until_complete(run(app, config, args, vocab, client.thread)))
-            print({k: round(v, 2) for k, v in results[-1].items()}, flush=True)
-        us = [r["us_per_token"] for r in results]
-        print(
-            f"api path: {statistics.median(us):.1f} us/token median of {len(us)} (min {min(us):.1f}, max {max(us):.1f})"
-        )
+        with startup_heap_frozen():  # as run_server serves (gc_heap.py)
+            measure(loop, app, config, args, vocab, client)
     finally:
         app.state.tokens.shutdown()
         client.shutdown(timeout=10)
         loop.close()
         shutil.rmtree(ipc, ignore_errors=True)
+
+
+def measure(loop, app, config, args, vocab: int, client) -> None:
+    if args.profile:
+        prof = cProfile.Profile(time.thread_time)  # this thread's CPU, not its waits for the GIL
+        prof.enable()
+        result = loop.run_until_complete(run(app, config, args, vocab, client.thread))
+        prof.disable()
+        prof.dump_stats(args.profile)
+        print(result)
+        return
+    results = []
+    for _ in range(args.repeat):
+        results.append(loop.run_until_complete(run(app, config, args, vocab, client.thread)))
+        print({k: round(v, 2) for k, v in results[-1].items()}, flush=True)
+    us = [r["us_per_token"] for r in results]
+    print(f"api path: {statistics.median(us):.1f} us/token median of {len(us)} (min {min(us):.1f}, max {max(us):.1f})")
 
 
 if __name__ == "__main__":

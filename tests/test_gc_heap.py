@@ -3,6 +3,7 @@ step loop, each API server around uvicorn's run, and both unfreeze when they sto
 
 import gc
 import os
+import weakref
 from types import SimpleNamespace
 
 import pytest
@@ -10,18 +11,35 @@ import zmq
 
 from minivllm.serve import core, openai_server
 from minivllm.serve import messages as m
-from minivllm.serve.gc_heap import startup_heap_frozen
+from minivllm.serve.gc_heap import YOUNG_THRESHOLD, startup_heap_frozen
 
 
 def test_the_heap_is_frozen_inside_the_block_and_unfrozen_after_it_even_on_an_error():
     assert gc.get_freeze_count() == 0
+    before = gc.get_threshold()
     keep = [object() for _ in range(100)]  # alive now: frozen with the rest
     with startup_heap_frozen():
         assert gc.get_freeze_count() >= len(keep)
-    assert gc.get_freeze_count() == 0
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, *before[1:])  # the youngest generation collected less often
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
     with pytest.raises(RuntimeError), startup_heap_frozen():
         raise RuntimeError("the server failed")
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
+
+
+def test_a_cycle_made_while_serving_is_still_collected():
+    class Node:
+        pass
+
+    with startup_heap_frozen():
+        node = Node()
+        node.me = node  # a cycle: only the collector frees it
+        gone = weakref.ref(node)
+        del node
+        assert gone() is not None
+        junk = [[] for _ in range(YOUNG_THRESHOLD + 100)]  # containers alive: enough to start a young collection
+        assert gone() is None
+        del junk
 
 
 def test_an_api_server_runs_uvicorn_with_its_heap_frozen(monkeypatch):

@@ -71,15 +71,17 @@ class Processor:
         check_sampling_params(sp)  # each field (ValueError naming it); vLLM's spellings normalised
         if len(token_ids) == 0:
             raise ValueError("empty prompt: a request needs at least one token")
+        v = self.vocab_size  # (the prompt's ids are Python ints, from parse_prompt or the tokenizer: min, max in C)
+        prompt_ids = [] if min(token_ids) >= 0 and max(token_ids) < v else token_ids
         for name, ids in (
-            ("token ids", token_ids),
+            ("token ids", prompt_ids),
             ("stop_token_ids", sp.stop_token_ids),
             ("logit_bias token ids", list(sp.logit_bias or {})),
             ("allowed_token_ids", sp.allowed_token_ids or []),
         ):
-            bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < self.vocab_size)]
+            bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < v)]
             if bad:
-                raise ValueError(f"{name} {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+                raise ValueError(f"{name} {bad[:5]} are outside the vocabulary [0, {v})")
         if sp.structured_outputs is not None:  # its grammar parses (compiled against the vocabulary in the engine)
             from minivllm.frontend.structured_outputs.grammar import grammar_of  # loads xgrammar
 

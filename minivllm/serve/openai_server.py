@@ -29,7 +29,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from minivllm.engine.tp_workers import free_port
-from minivllm.frontend.inputs import is_token_ids
 from minivllm.frontend.sampling_checks import MAX_N, check_sampling_params
 from minivllm.serve.async_llm import AsyncLLM, EngineDeadError
 from minivllm.serve.gc_heap import startup_heap_frozen
@@ -120,7 +119,8 @@ def build_app(
                 raise BadRequest("suffix is not supported", "suffix")
             if body.best_of is not None and body.best_of != body.n:
                 raise BadRequest("best_of must equal n (beam search is not supported)", "best_of")
-            prompts = [body.prompt] if isinstance(body.prompt, str) or is_token_ids(body.prompt) else body.prompt
+            one = isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], int))  # (validated)
+            prompts = [body.prompt] if one else body.prompt
             if not prompts:
                 raise BadRequest("prompt must not be empty", "prompt")
             sp = body.sampling_params(body.max_tokens, body.logprobs)

@@ -134,7 +134,7 @@ class SamplingFields(StructuredOutputsFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: list[int] | list[list[int]] | str | list[str]  # (token ids first: validated in ~5 us, not ~50)
     max_tokens: int | None = 16  # OpenAI's and vLLM's default
     logprobs: int | None = None
     echo: bool = False  # the prompt's text (and with logprobs, the prompt's logprobs) before the completion
