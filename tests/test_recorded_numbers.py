@@ -93,3 +93,25 @@ def test_serving_with_several_api_servers():
     assert numbers(served) == [round(at[4, 128]["output_throughput"])]
     ratios = [round(at[4, 128]["served_over_offline"], 2), 1, round(at[1, 128]["served_over_offline"], 2)]
     assert numbers(against) == [round(at[4, 128]["offline_output_throughput"]), *ratios]
+
+
+def test_api_server_cpu_per_token():
+    """The README's H100 row of the API server's CPU per token: medians of the alternated runs, and their ratio."""
+    runs = json.loads((RESULTS / "api_server_cpu_ab_h100.json").read_text())["runs"]
+
+    def median(tree: str, servers: int) -> float:
+        cpu = sorted(
+            lv["cpu_us_per_token_api"]
+            for r in runs
+            if r["tree"] == tree
+            for lv in r["levels"]
+            if lv.get("api_server_count", 1) == servers and lv["concurrency"] == 256
+        )
+        assert len(cpu) == 3, (tree, servers, cpu)
+        return cpu[1]
+
+    one, four, before = median("28b10fd", 1), median("28b10fd", 4), median("af5d86b", 1)
+    name = "GPU serving on an H100, API-server CPU per streamed token at 256 streams"
+    quoted, against = row(name).split("|")[:2]
+    assert numbers(quoted) == [round(one), 1, round(four), 4, 3]
+    assert numbers(against)[-2:] == [round(before), round(one / before, 2)]
