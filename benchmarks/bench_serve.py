@@ -24,7 +24,8 @@ Targets: on the CPU preset served >= 0.7x offline at 128 streams; on an H200 (ra
 out) >= 0.8x at 256 streams, and no concurrency level below the one before it up to 256.
 
 TTFT counts from sending the request to the first streamed chunk; TPOT = (latency - TTFT) / (tokens - 1) per
-request; ITL = the gaps between streamed chunks (one chunk per engine step with new tokens, as vLLM streams)."""
+request; ITL = the gaps between streamed chunks (one chunk per engine step with new tokens, as vLLM streams). The
+JSON keeps each request's send time and TTFT (`sent_s_ttft_ms`), to see where a level's TTFT tail comes from."""
 
 import argparse
 import asyncio
@@ -147,6 +148,7 @@ async def timed_request(
     end = time.perf_counter()
     ttft = times[0] - start if times else end - start
     return dict(
+        start=start,
         ttft=ttft,
         latency=end - start,
         tpot=(end - start - ttft) / (tokens - 1) if tokens > 1 else 0.0,
@@ -174,7 +176,7 @@ async def run_level(url: str, model: str, prompts: list[list[int]], output_len: 
                 await asyncio.sleep(rng.expovariate(rate))
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
-    return summarize(results, duration, concurrency, rate)
+    return summarize(results, duration, concurrency, rate, start)
 
 
 class CpuMeter:
@@ -244,7 +246,7 @@ def stats(values: list[float], name: str) -> dict:
     }
 
 
-def summarize(results: list[dict], duration: float, concurrency: int, rate: float) -> dict:
+def summarize(results: list[dict], duration: float, concurrency: int, rate: float, start: float) -> dict:
     errors = [r["error"] for r in results if "error" in r]
     results = [r for r in results if "error" not in r]
     out_tokens = sum(r["output_tokens"] for r in results)
@@ -265,6 +267,8 @@ def summarize(results: list[dict], duration: float, concurrency: int, rate: floa
         **stats([r["tpot"] for r in results], "tpot"),
         **stats([i for r in results for i in r["itl"]], "itl"),
         **stats([r["latency"] for r in results], "e2el"),
+        # each request's send (s after the level's start) and TTFT (ms), in send order: where a TTFT tail comes from
+        sent_s_ttft_ms=sorted((round(r["start"] - start, 4), round(r["ttft"] * 1e3, 2)) for r in results),
     )
 
 
