@@ -10,19 +10,25 @@ Prompt = str | list[int] | dict
 
 
 def is_token_ids(x) -> bool:
+    return token_id_list(x) is not None
+
+
+def token_id_list(x) -> list[int] | None:
+    """`x` as a list of Python ints if it is token ids (a non-empty list or tuple of integers, or a 1-D integer
+    array), else None. The ids' types are tested once each, not each id: a prompt may hold thousands of ids, and a
+    test per id cost the server ~20 us a request of 512."""
     if isinstance(x, np.ndarray):
-        return x.ndim == 1 and np.issubdtype(x.dtype, np.integer)
-    return isinstance(x, (list, tuple)) and len(x) > 0 and all(map(is_integer_type, set(map(type, x))))
-
-
-def token_id_list(ids) -> list[int]:
-    """Token ids (is_token_ids, or empty) as a list of Python ints."""
-    return list(ids) if type(ids) is list and set(map(type, ids)) <= {int} else [int(t) for t in ids]
+        return x.tolist() if x.ndim == 1 and np.issubdtype(x.dtype, np.integer) else None
+    if not isinstance(x, (list, tuple)) or len(x) == 0:
+        return None
+    types = set(map(type, x))
+    if types == {int}:
+        return list(x)
+    return [int(t) for t in x] if all(map(is_integer_type, types)) else None
 
 
 def is_integer_type(t: type) -> bool:
-    """Values of type `t` are integers (not bools). is_token_ids tests each type in the ids once, not each id: a
-    prompt may hold thousands of ids, and a test per id costs the server ~20 us a request of 512."""
+    """Values of type `t` are integers (not bools)."""
     return t is int or (issubclass(t, (numbers.Integral, np.integer)) and not issubclass(t, bool))
 
 
@@ -44,17 +50,22 @@ def parse_prompt(prompt) -> tuple[str | None, list[int] | None]:
                 raise TypeError(f"'prompt' must be a string, got {type(prompt['prompt']).__name__}")
             return prompt["prompt"], None
         ids = prompt["prompt_token_ids"]
-        if not (is_token_ids(ids) or (isinstance(ids, (list, tuple)) and len(ids) == 0)):
+        if (token_ids := token_ids_or_empty(ids)) is None:
             raise TypeError(f"'prompt_token_ids' must be a list of integers, got {_describe(ids)}")
-        return None, token_id_list(ids)
+        return None, token_ids
     if isinstance(prompt, str):
         return prompt, None
-    if is_token_ids(prompt) or (isinstance(prompt, (list, tuple)) and len(prompt) == 0):
-        return None, token_id_list(prompt)
+    if (token_ids := token_ids_or_empty(prompt)) is not None:
+        return None, token_ids
     raise TypeError(
         "a prompt must be a string, a list of token ids, or a dict with 'prompt' or 'prompt_token_ids'; "
         f"got {_describe(prompt)}"
     )
+
+
+def token_ids_or_empty(x) -> list[int] | None:
+    """token_id_list, with an empty list or tuple as no ids (the engine then refuses the empty prompt by name)."""
+    return [] if isinstance(x, (list, tuple)) and len(x) == 0 else token_id_list(x)
 
 
 def _describe(x) -> str:
