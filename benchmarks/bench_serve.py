@@ -25,11 +25,15 @@ out) >= 0.8x at 256 streams, and no concurrency level below the one before it up
 
 TTFT counts from sending the request to the first streamed chunk; TPOT = (latency - TTFT) / (tokens - 1) per
 request; ITL = the gaps between streamed chunks (one chunk per engine step with new tokens, as vLLM streams). The
-JSON keeps each request's send time and TTFT (`sent_s_ttft_ms`), to see where a level's TTFT tail comes from."""
+JSON keeps each request's send time and TTFT (`sent_s_ttft_ms`), to see where a level's TTFT tail comes from; each
+level also reports the share of its requests whose TTFT the server itself (/metrics, from arrival in an API
+server) put within 0.5 s, and the longest this client's event loop could not run (client lag max). The client
+runs each level with its garbage collector off (client_gc_paused): a full collection of its heap would stall it."""
 
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import random
@@ -158,10 +162,38 @@ async def timed_request(
     )
 
 
+@contextlib.contextmanager
+def client_gc_paused():
+    """No garbage collection in this client during a level: the heap so far (torch, the prompts, earlier
+    levels) frozen out of the collector, the collector off, then a collection after the level. A full
+    collection of that heap pauses the event loop ~0.1-0.3 s; during a level's first wave it holds back
+    sends and reads, a TTFT tail that is the client's, not the server's (benchmark clients such as NVIDIA's
+    AIPerf freeze and disable the collector for the same reason)."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
+        gc.collect()
+
+
+async def loop_stalls(out: list[float], period: float = 0.005) -> None:
+    """Appends how late each `period` sleep of this client's event loop woke (s): the client's own lag."""
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(period)
+        out.append(time.perf_counter() - t - period)
+
+
 async def run_level(url: str, model: str, prompts: list[list[int]], output_len: int, concurrency: int, rate: float):
     """Send every prompt, at most `concurrency` in flight, arrivals Poisson at `rate` per second (inf: at once)."""
     gate = asyncio.Semaphore(concurrency)
     rng = random.Random(0)
+    lags: list[float] = []
+    monitor = asyncio.create_task(loop_stalls(lags))
     connector = aiohttp.TCPConnector(limit=0)  # no limit on connections: `concurrency` is the gate
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as client:
 
@@ -176,7 +208,31 @@ async def run_level(url: str, model: str, prompts: list[list[int]], output_len: 
                 await asyncio.sleep(rng.expovariate(rate))
         results = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
-    return summarize(results, duration, concurrency, rate, start)
+    monitor.cancel()
+    level = summarize(results, duration, concurrency, rate, start)
+    level["client_loop_lag_max_ms"] = max(lags, default=0.0) * 1e3  # the longest the client could not read or send
+    return level
+
+
+TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds_bucket"
+
+
+def ttft_buckets(url: str) -> dict[float, float]:
+    """The server's own TTFT histogram (/metrics, every API server summed): cumulative count per bucket bound."""
+    out: dict[float, float] = {}
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(TTFT_HISTOGRAM):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            bound = float("inf") if le == "+Inf" else float(le)
+            out[bound] = out.get(bound, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def share_within(before: dict[float, float], after: dict[float, float], bound: float) -> float:
+    """The share of what a level added to a cumulative histogram that fell at or under `bound` (a bucket bound:
+    exact, where a percentile read from buckets 0.25, 0.5, 0.75 s apart would be a guess)."""
+    total = after.get(float("inf"), 0.0) - before.get(float("inf"), 0.0)
+    return (after.get(bound, 0.0) - before.get(bound, 0.0)) / total if total > 0 else float("nan")
 
 
 class CpuMeter:
@@ -287,9 +343,11 @@ def print_table(levels: list[dict], device: str, model: str) -> None:
         ("cpu_us_per_token_engine", "CPU us/tok: engine", "{:.0f}"),
         ("cpu_us_per_token_api", "api", "{:.0f}"),
         ("cpu_us_per_token_client", "client", "{:.0f}"),
+        ("client_loop_lag_max_ms", "client lag max", "{:.0f}"),
         ("mean_ttft_ms", "TTFT mean", "{:.0f}"),
         ("p50_ttft_ms", "p50", "{:.0f}"),
         ("p99_ttft_ms", "p99", "{:.0f}"),
+        ("server_ttft_share_within_500ms", "server TTFT <= 0.5 s", "{:.3f}"),
         ("mean_tpot_ms", "TPOT mean", "{:.1f}"),
         ("p50_tpot_ms", "p50", "{:.1f}"),
         ("p99_tpot_ms", "p99", "{:.1f}"),
@@ -380,9 +438,12 @@ def serve_levels(model: str | None, flags: list[str], args, sweep, prompts_of, w
         meter.wait_quiet()  # (API servers still starting, or a tokenizer worker loading, are not a level's cost)
         for (c, rate), prompts in zip(sweep, prompts_of):
             httpx.post(url + "/reset_prefix_cache")
-            before = meter.read()
-            level = asyncio.run(run_level(url + "/v1/completions", served["id"], prompts, args.output_len, c, rate))
+            before, ttft_before = meter.read(), ttft_buckets(url)
+            with client_gc_paused():
+                level = asyncio.run(run_level(url + "/v1/completions", served["id"], prompts, args.output_len, c, rate))
             level.update(meter.per_token(before, meter.read(), level["total_output_tokens"]))
+            # the server's own TTFT (from arrival in an API server): the share within the target's 0.5 s
+            level.update(server_ttft_share_within_500ms=share_within(ttft_before, ttft_buckets(url), 0.5))
             level.update(api_server_count=count, served_model_name=served["id"])
             levels.append(level)
             check_level(levels[-1], server, args.server_log, f"{count} API server(s), concurrency")

@@ -97,3 +97,45 @@ def test_api_path_benchmark_streams_every_token(tmp_path):
     result = eval(out.stdout.splitlines()[-2])  # the run's dict
     assert 0.75 <= result["writes_per_token"] <= 1.0 and result["us_per_token"] > 0, out.stdout  # (a lag merges)
     assert "api path:" in out.stdout.splitlines()[-1]
+
+
+def test_serve_benchmark_reads_the_servers_ttft_histogram(monkeypatch):
+    """bench_serve.py's server-side TTFT: the share of a level's requests the server's own histogram puts within
+    0.5 s, from the /metrics text of several API servers (summed), counting only what the level added."""
+    serve = load(ROOT / "benchmarks" / "bench_serve.py")
+
+    def exposition(counts):  # cumulative counts at le=0.25, 0.5, +Inf, one line per API server
+        lines = [
+            f'vllm:time_to_first_token_seconds_bucket{{le="{le}",model_name="m",pid="{pid}"}} {c}'
+            for pid, per_server in enumerate(counts)
+            for le, c in zip(["0.25", "0.5", "+Inf"], per_server)
+        ]
+        return "\n".join(["# TYPE vllm:time_to_first_token_seconds histogram", *lines, "vllm:other 3.0"])
+
+    class Reply:
+        def __init__(self, text):
+            self.text = text
+
+    before = exposition([(1, 2, 2), (0, 0, 0)])
+    after = exposition([(3, 4, 5), (2, 2, 4)])  # the level added 7 requests, 4 of them within 0.5 s
+    replies = iter([Reply(before), Reply(after)])
+    monkeypatch.setattr(serve.httpx, "get", lambda url: next(replies))
+    b, a = serve.ttft_buckets("http://x"), serve.ttft_buckets("http://x")
+    assert b == {0.25: 1.0, 0.5: 2.0, float("inf"): 2.0}
+    assert a == {0.25: 5.0, 0.5: 6.0, float("inf"): 9.0}
+    assert serve.share_within(b, a, 0.5) == pytest.approx(4 / 7)
+    assert serve.share_within(b, a, 0.25) == pytest.approx(4 / 7)
+    assert serve.share_within(a, a, 0.5) != serve.share_within(a, a, 0.5)  # no request in the level: nan
+
+
+def test_serve_benchmark_client_runs_a_level_without_collections():
+    """During a level the client's collector is off and the heap before it frozen (a full collection would stall
+    the client's event loop: its TTFT, not the server's); after it, both as they were."""
+    import gc
+
+    serve = load(ROOT / "benchmarks" / "bench_serve.py")
+    assert gc.isenabled()
+    with serve.client_gc_paused():
+        assert not gc.isenabled()
+        assert gc.get_freeze_count() > 0
+    assert gc.isenabled() and gc.get_freeze_count() == 0
