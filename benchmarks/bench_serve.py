@@ -9,9 +9,10 @@ through the offline `LLM.generate` (the engine alone, same engine arguments): ea
 tok/s, offline tok/s and their ratio (what the serving layer keeps of the engine's speed); on the CPU also the
 offline tok/s with at most the level's concurrency of requests at once (`max_num_seqs`), the most a server of no
 cost could deliver at that level. Each level also reports the CPU time per output token of the engine (the core
-process, its TP workers), of the API server (with its tokenizer workers) and of this client: where serving's cost
-goes (the API server: every API-server process and its tokenizer workers, summed). With `--api-server-count 1 4`
-the sweep runs once per count of API-server processes (`minivllm serve --api-server-count`), on the same requests.
+process, its TP workers; apart, how much of it was in the kernel: page faults, system calls), of the API server
+(with its tokenizer workers) and of this client: where serving's cost goes (the API server: every API-server process
+and its tokenizer workers, summed). With `--api-server-count 1 4` the sweep runs once per count of API-server
+processes (`minivllm serve --api-server-count`), on the same requests.
 Prints a table, writes JSON (and, with --figure, TTFT and TPOT against concurrency).
 
   python3 benchmarks/bench_serve.py                                  # CPU: the embedded SmolLM2-135M-Instruct
@@ -244,13 +245,15 @@ class CpuMeter:
         self.server = psutil.Process(server_pid)
 
     def read(self) -> dict[str, float]:
-        out = dict(engine=0.0, api=0.0)
+        out = dict(engine=0.0, engine_sys=0.0, api=0.0)  # engine_sys: the engine's share in the kernel (page faults)
         for p in [self.server, *self.server.children(recursive=True)]:
             try:
                 t, name = p.cpu_times(), p.name()
             except psutil.NoSuchProcess:
                 continue
-            out["engine" if name.startswith((CORE, TP_WORKER)) else "api"] += t.user + t.system
+            engine = name.startswith((CORE, TP_WORKER))
+            out["engine" if engine else "api"] += t.user + t.system
+            out["engine_sys"] += t.system if engine else 0.0
         r = resource.getrusage(resource.RUSAGE_SELF)
         out["client"] = r.ru_utime + r.ru_stime
         return out
@@ -341,6 +344,7 @@ def print_table(levels: list[dict], device: str, model: str) -> None:
         ("served_over_offline", "ratio", "{:.2f}"),
         ("offline_capped_output_throughput", "offline, <= conc at once", "{:.1f}"),
         ("cpu_us_per_token_engine", "CPU us/tok: engine", "{:.0f}"),
+        ("cpu_us_per_token_engine_sys", "(in kernel)", "{:.0f}"),
         ("cpu_us_per_token_api", "api", "{:.0f}"),
         ("cpu_us_per_token_client", "client", "{:.0f}"),
         ("client_loop_lag_max_ms", "client lag max", "{:.0f}"),

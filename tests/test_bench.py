@@ -3,6 +3,7 @@ engine (helpers.benchmark.engine_facts) and of its runs is what it says it is. S
 here: the benchmarks measure it."""
 
 import importlib.util
+import os
 import pathlib
 import sys
 import threading
@@ -139,3 +140,43 @@ def test_serve_benchmark_client_runs_a_level_without_collections():
         assert not gc.isenabled()
         assert gc.get_freeze_count() > 0
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/comm").exists(), reason="process names from /proc (Linux)")
+def test_serve_benchmark_meters_the_engine_and_its_time_in_the_kernel():
+    """bench_serve.py's CpuMeter counts a child named as the engine core as the engine, and the part of its CPU
+    time spent in the kernel (here: faulting in fresh pages, as a prefill's activations do) apart, within it: the
+    child also computes in user space, which counts as the engine's and not as the kernel's."""
+    import subprocess
+
+    serve = load(ROOT / "benchmarks" / "bench_serve.py")
+    child = (
+        "import mmap, sys\n"
+        "from minivllm.engine.tp_workers import set_process_name\n"
+        "from minivllm.serve.core import CORE\n"
+        "set_process_name(CORE)\n"
+        "print('named', flush=True)\n"
+        "sys.stdin.readline()\n"  # the meter reads before
+        "for _ in range(20):\n"
+        "    m = mmap.mmap(-1, 64 << 20)\n"
+        "    for i in range(0, 64 << 20, 4096): m[i] = 1\n"  # a page fault a page
+        "    m.close()\n"
+        "sum(i * i for i in range(3_000_000))\n"  # and CPU time in user space
+        "print('done', flush=True)\n"
+        "sys.stdin.readline()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "named"
+        meter = serve.CpuMeter(os.getpid())
+        before = meter.read()
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "done"
+        after = meter.read()
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    engine, kernel = after["engine"] - before["engine"], after["engine_sys"] - before["engine_sys"]
+    assert 0 < kernel < engine, (engine, kernel)
+    assert engine >= 0.05  # ~330k page faults: tenths of a second of CPU, counted as the engine's
