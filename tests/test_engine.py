@@ -117,6 +117,21 @@ def test_chunked_prefill_keeps_outputs(tiny_qwen3, hf):
     assert len(prefill_steps) >= 4 and sum(prefill_steps) == 52  # 52 tokens in chunks of <= 16
 
 
+def test_the_step_log_counts_each_steps_tokens(tiny_qwen3):
+    """`step_log` (the progress bar's prefill / decode tok/s, the benchmarks' per-step figures): a prefill step
+    counts its prompt chunks, a decode step one token a sequence."""
+    llm = engine(tiny_qwen3, max_num_batched_tokens=16, max_num_seqs=4)
+    sp = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    llm.generate(ID_PROMPTS, sp, use_tqdm=False)
+    prefill = [r for r in llm.step_log if r.is_prefill]
+    decode = [r for r in llm.step_log if not r.is_prefill]
+    assert all(0 < r.num_tokens <= 16 for r in llm.step_log)
+    assert all(r.num_tokens == r.num_seqs for r in decode)
+    # every prompt token once; each step that finished a prompt also decoded the others (4 tokens each after)
+    assert sum(r.num_tokens for r in llm.step_log) == sum(map(len, ID_PROMPTS)) + 4 * len(ID_PROMPTS)
+    assert sum(r.num_tokens for r in prefill) >= sum(map(len, ID_PROMPTS))
+
+
 def test_prefix_cache_hits_keep_outputs(tiny_qwen3, hf):
     prefix = torch.randint(1, 512, (3 * BS,), generator=torch.Generator().manual_seed(1)).tolist()
     suffixes = [[7, 8, 9, 10, 11], [12, 13], [14], [15, 16, 17], [18, 19, 20, 21]]

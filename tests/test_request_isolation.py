@@ -146,3 +146,20 @@ def test_a_request_aborted_while_its_grammar_compiles_leaves_nothing(llm):
     while llm.has_unfinished_requests() or llm.sampling_hook.num_waiting:
         assert llm.step() == []
     assert idle(llm)
+
+
+def test_the_core_keeps_only_the_tail_of_its_step_log(llm, monkeypatch):
+    """A server's engine core steps for days: its step log keeps the newest MAX_STEP_LOG records at most."""
+    import minivllm.serve.core as core
+
+    monkeypatch.setattr(core, "MAX_STEP_LOG", 8)
+    engine_core, start = EngineCore(llm), len(llm.step_log)
+    llm.add_request("long", {"prompt_token_ids": PROMPTS[0]}, SamplingParams(max_tokens=30, ignore_eos=True))
+    steps = 0
+    while llm.has_unfinished_requests():
+        engine_core.step()
+        steps += 1
+        assert len(llm.step_log) <= max(8, start + 1)
+    assert steps > 16 and 0 < len(llm.step_log) <= 8
+    newest = llm.step_log[-1]  # the last decode step of the one request
+    assert not newest.is_prefill and newest.num_seqs == newest.num_tokens == 1

@@ -149,8 +149,8 @@ class LLMEngine:
         seqs, handle = per_request.launch_alone_at_fault(self, seqs, is_prefill)  # without requests at fault alone
         if not seqs:
             return None
-        sampled = self.scheduler.on_launch(seqs)
-        return Launched(seqs, sampled, handle, StepRecord.of(seqs, is_prefill, t0, t1))
+        record = StepRecord.of(seqs, is_prefill, t0, t1)  # (before on_launch, which spends the scheduled tokens)
+        return Launched(seqs, self.scheduler.on_launch(seqs), handle, record)
 
     def _finish(self, launched: Launched) -> list[EngineOutput]:
         """Wait for a launched step's tokens, account them (scheduler.postprocess's two halves), and report

@@ -34,12 +34,10 @@ from minivllm.frontend.outputs import RequestOutput
 from minivllm.frontend.processor import Processor
 from minivllm.llm import LLM
 from minivllm.sampling_params import SamplingParams
+from minivllm.serve.core import MAX_STEP_LOG
 from minivllm.serve.core_client import AsyncMPClient
 from minivllm.serve.messages import EngineDeadError, SchedulerStats, failure_of
 from minivllm.serve.output_collector import RequestOutputCollector, check_stream_interval
-
-MAX_STEP_LOG = 100_000  # a server runs for days: keep the step log's tail only
-
 
 __all__ = ["AsyncLLM", "EngineDeadError"]
 

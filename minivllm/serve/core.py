@@ -37,6 +37,7 @@ from minivllm.serve.gc_heap import startup_heap_frozen
 CORE = "minivllm-core"  # the engine core process's name in ps / top (bench_serve.py counts it as the engine)
 POLL_MS = 200  # idle: how often to look whether the API server is still there
 IDLE = m.SchedulerStats(0, 0, 0.0, 0)  # (replaced by the gauges after the step before a result is sent)
+MAX_STEP_LOG = 100_000  # a server runs for days: keep the tail of the engine's step log only
 
 
 class EngineCore:
@@ -100,7 +101,10 @@ class EngineCore:
         return self.engine.abort_request(ids)
 
     def step(self) -> list[EngineOutput]:
-        return self.engine.step()
+        outputs = self.engine.step()
+        if len(self.engine.step_log) > MAX_STEP_LOG:
+            del self.engine.step_log[: MAX_STEP_LOG // 2]
+        return outputs
 
     def stats(self) -> m.SchedulerStats:
         s = self.engine.scheduler
