@@ -1,5 +1,6 @@
 """The server's own processes serve with their start-up heap frozen (serve/gc_heap.py): the engine core around its
-step loop, each API server around uvicorn's run, and both unfreeze when they stop."""
+step loop, each API server around uvicorn's run, and both unfreeze when they stop. On CPU the core also keeps the
+memory its steps free (serve/host_memory.py)."""
 
 import gc
 import os
@@ -7,6 +8,7 @@ import weakref
 from types import SimpleNamespace
 
 import pytest
+import torch
 import zmq
 
 from minivllm.serve import core, openai_server
@@ -75,6 +77,7 @@ def test_the_engine_core_steps_with_its_heap_frozen(tmp_path, monkeypatch):
     monkeypatch.setattr(core, "set_process_name", lambda name: None)  # (this is pytest's process)
     monkeypatch.setattr(core.signal, "signal", lambda *args: None)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # (leaves this process's torch threads alone)
+    monkeypatch.setattr(core, "keep_freed_memory", lambda: seen.update(kept=True))  # (and its allocator)
     ctx = zmq.Context()
     to_core, from_core = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
     addresses = (f"ipc://{tmp_path}/in", f"ipc://{tmp_path}/out")
@@ -89,3 +92,4 @@ def test_the_engine_core_steps_with_its_heap_frozen(tmp_path, monkeypatch):
         ctx.term()
     assert ready.error is None and ready.vocab_size == 8
     assert seen["loop"] > 0 and seen["exit"] == 0
+    assert seen.get("kept", False) == (not torch.cuda.is_available())  # on CPU the core keeps its freed memory

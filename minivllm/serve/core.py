@@ -33,6 +33,7 @@ from minivllm.frontend.engine_args import config_args
 from minivllm.frontend.sampling_extras import SamplingExtras
 from minivllm.serve import messages as m
 from minivllm.serve.gc_heap import startup_heap_frozen
+from minivllm.serve.host_memory import keep_freed_memory
 
 CORE = "minivllm-core"  # the engine core process's name in ps / top (bench_serve.py counts it as the engine)
 POLL_MS = 200  # idle: how often to look whether the API server is still there
@@ -123,10 +124,12 @@ def run_engine_core(model: str, engine_args: dict, clients: list[tuple[str, str]
     (input, output) socket addresses; one with `minivllm serve`, N with --api-server-count N (api_servers.py)."""
     set_process_name(CORE)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the API server leads the exit
-    if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
-        # on CPU the model's threads would take every core, and the API servers' own work (SSE for every
-        # stream) would preempt them at each step: leave a core to each API server, as vLLM's CPU backend does
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) - len(clients)))
+    if not torch.cuda.is_available():  # the model runs on CPU: its activations are this process's memory
+        keep_freed_memory()  # each prefill reuses the last one's activations instead of faulting them in
+        if "OMP_NUM_THREADS" not in os.environ:
+            # the model's threads would take every core, and the API servers' own work (SSE for every stream)
+            # would preempt them at each step: leave a core to each API server, as vLLM's CPU backend does
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) - len(clients)))
     ctx = zmq.Context()
     inputs, outputs = [ctx.socket(zmq.PULL) for _ in clients], [ctx.socket(zmq.PUSH) for _ in clients]
     for inp, out, (input_address, output_address) in zip(inputs, outputs, clients):
