@@ -12,7 +12,7 @@ import resource, sys, torch
 from minivllm.serve.host_memory import keep_freed_memory
 kept = keep_freed_memory() if sys.argv[1] == "keep" else None
 faults = []
-for _ in range(4):  # each round: a 32 MB activation and its 32 MB product, freed
+for _ in range(6):  # each round: a 32 MB activation and its 32 MB product, freed
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for _ in range(5):
         a = torch.ones(8192, 1024)
@@ -36,4 +36,5 @@ def test_freed_activations_are_reused_without_page_faults():
     page = 4096
     assert kept == "True"
     assert min(plain[1:]) > 5 * 64 * 2**20 / page / 2  # glibc's default: every round faults its 320 MB in again
-    assert max(keeping[1:]) < min(plain[1:]) / 20  # kept: after the first round the heap is reused
+    # kept: once the heap has grown to the rounds' peak (in a round or two), it is reused without faults
+    assert max(keeping[-3:]) < min(plain[1:]) / 20
