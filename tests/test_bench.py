@@ -3,8 +3,10 @@ engine (helpers.benchmark.engine_facts) and of its runs is what it says it is. S
 here: the benchmarks measure it."""
 
 import importlib.util
+import json
 import os
 import pathlib
+import subprocess
 import sys
 import threading
 from types import SimpleNamespace
@@ -180,3 +182,23 @@ def test_serve_benchmark_meters_the_engine_and_its_time_in_the_kernel():
     engine, kernel = after["engine"] - before["engine"], after["engine_sys"] - before["engine_sys"]
     assert 0 < kernel < engine, (engine, kernel)
     assert engine >= 0.05  # ~330k page faults: tenths of a second of CPU, counted as the engine's
+
+
+def test_trace_serve_accounts_for_every_token_of_a_served_level(tmp_path):
+    """benchmarks/trace_serve.py on a small CPU level (1 API server, 8 streams, 16 requests = two waves): the
+    engine core's traced steps launched exactly the level's tokens (every prompt token, every output token but the
+    one each prefill samples), each wave reached the core after its sends and got first tokens after that, and the
+    offline runs show the all-at-once and the capped generate."""
+    out = tmp_path / "trace"
+    args = ["--preset", "cpu", "--concurrency", "8", "--api-server-count", "1", "--num-prompts", "16"]
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "trace_serve.py"), "--trace-dir", str(out), "--", *args],
+                   check=True, timeout=600, capture_output=True)  # fmt: skip
+    summary = json.loads((out / "summary.json").read_text())
+    level, served = summary["level"], summary["served"]
+    assert level["completed"] == served["requests"] == 16 and len(served["waves"]) == 2
+    assert served["core_tokens"] == level["total_input_tokens"] + level["total_output_tokens"] - 16
+    for wave in served["waves"]:
+        assert wave["sends"][0] <= wave["core_adds"][0] <= wave["first_tokens"][0] <= wave["ends"][0]
+        assert wave["core_adds"][1] <= wave["first_tokens"][1]
+    assert served["core_steps"] >= 2 * 64 and served["decode_step_ms"] > 0
+    assert {16, 8} <= {run["max_seqs"] for run in summary["offline"]}  # all at once, and at most 8 at once
