@@ -139,7 +139,8 @@ class LLMEngine:
         return outputs + failed
 
     def _launch(self) -> Launched | None:
-        """Schedule one step and launch it without waiting. None when nothing can be scheduled now."""
+        """Schedule one step and launch it without waiting; its StepRecord counts the step's tokens, so it is made
+        before `on_launch` spends them. None when nothing can be scheduled now."""
         t0 = time.perf_counter()
         seqs = self.scheduler.schedule()
         if not seqs:
@@ -150,7 +151,8 @@ class LLMEngine:
         if not seqs:
             return None
         record = StepRecord.of(seqs, is_prefill, t0, t1)  # (before on_launch, which spends the scheduled tokens)
-        return Launched(seqs, self.scheduler.on_launch(seqs), handle, record)
+        sampled = self.scheduler.on_launch(seqs)
+        return Launched(seqs, sampled, handle, record)
 
     def _finish(self, launched: Launched) -> list[EngineOutput]:
         """Wait for a launched step's tokens, account them (scheduler.postprocess's two halves), and report
