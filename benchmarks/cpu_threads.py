@@ -11,7 +11,6 @@ fresh engine, the whole level once as the warm-up, a cold prefix cache each run)
 Prints a table, writes JSON (default benchmarks/results/cpu_threads.json)."""
 
 import argparse
-import importlib.util
 import os
 import random
 import sys
@@ -29,9 +28,7 @@ def main() -> None:
     ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "minivllm"))
     ap.add_argument("--out", default=os.path.join("benchmarks", "results", "cpu_threads.json"))
     args = ap.parse_args()
-    spec = importlib.util.spec_from_file_location("bench_serve", Path(__file__).with_name("bench_serve.py"))
-    bench_serve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_serve)  # its checkpoint and its offline measure: the columns this is the ceiling of
+    import bench_serve  # (beside this script) its checkpoint and offline measure: the columns this is the ceiling of
 
     default = torch.get_num_threads()
     counts = args.threads or sorted({default, 16, 12, 8, 6, 4, 2, 1} & set(range(1, (os.cpu_count() or 1) + 1)))[::-1]

@@ -13,7 +13,6 @@ it. Use one level (one --concurrency value, one --api-server-count) per run."""
 
 import argparse
 import glob
-import importlib.util
 import json
 import os
 import statistics
@@ -26,9 +25,7 @@ HERE = Path(__file__).resolve().parent
 
 def child(argv: list[str]) -> None:
     """bench_serve.main() with each request's perf_counter start, TTFT and latency kept in TRACE_DIR/client.json."""
-    spec = importlib.util.spec_from_file_location("bench_serve", HERE / "bench_serve.py")
-    bench_serve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_serve)
+    import bench_serve  # (beside this script: the first entry of sys.path when it runs)
 
     timed, requests = bench_serve.timed_request, []
 

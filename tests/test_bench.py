@@ -149,8 +149,6 @@ def test_serve_benchmark_meters_the_engine_and_its_time_in_the_kernel():
     """bench_serve.py's CpuMeter counts a child named as the engine core as the engine, and the part of its CPU
     time spent in the kernel (here: faulting in fresh pages, as a prefill's activations do) apart, within it: the
     child also computes in user space, which counts as the engine's and not as the kernel's."""
-    import subprocess
-
     serve = load(ROOT / "benchmarks" / "bench_serve.py")
     child = (
         "import mmap, sys\n"

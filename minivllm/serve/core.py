@@ -103,8 +103,7 @@ class EngineCore:
 
     def step(self) -> list[EngineOutput]:
         outputs = self.engine.step()
-        if len(self.engine.step_log) > MAX_STEP_LOG:
-            del self.engine.step_log[: MAX_STEP_LOG // 2]
+        keep_step_log_tail(self.engine)
         return outputs
 
     def stats(self) -> m.SchedulerStats:
@@ -117,6 +116,13 @@ class EngineCore:
 
     def reset_prefix_cache(self) -> bool:
         return self.engine.reset_prefix_cache()
+
+
+def keep_step_log_tail(engine: LLMEngine) -> None:
+    """A server steps for days: keep the newest MAX_STEP_LOG records of the engine's step log at most (the serving
+    core after each step, and the in-process AsyncLLM's loop)."""
+    if len(engine.step_log) > MAX_STEP_LOG:
+        del engine.step_log[: MAX_STEP_LOG // 2]
 
 
 def run_engine_core(model: str, engine_args: dict, clients: list[tuple[str, str]], parent_pid: int) -> None:
