@@ -120,9 +120,9 @@ class EngineCore:
 
 def keep_step_log_tail(engine: LLMEngine) -> None:
     """A server steps for days: keep the newest MAX_STEP_LOG records of the engine's step log at most (the serving
-    core after each step, and the in-process AsyncLLM's loop)."""
+    core after each step, and the in-process AsyncLLM's loop); past it, the newest half of that."""
     if len(engine.step_log) > MAX_STEP_LOG:
-        del engine.step_log[: MAX_STEP_LOG // 2]
+        del engine.step_log[: len(engine.step_log) - MAX_STEP_LOG // 2]
 
 
 def run_engine_core(model: str, engine_args: dict, clients: list[tuple[str, str]], parent_pid: int) -> None:
