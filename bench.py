@@ -86,7 +86,7 @@ def timed_run(llm, counter: CompileCounter, prompts: list[list[int]], params: li
     """One timed run of the workload: seconds, tokens, the phases of its steps, what compiled inside it, and its
     step timeline ([is_prefill, running sequences, ms] per step)."""
     torch.cuda.synchronize()
-    before, start = counter.snapshot(), len(llm.step_log)
+    before, start = counter.snapshot(), llm.step_log.mark()
     t = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - t
@@ -94,14 +94,14 @@ def timed_run(llm, counter: CompileCounter, prompts: list[list[int]], params: li
     assert tokens == sum(p.max_tokens for p in params), "every request must produce exactly max_tokens tokens"
     steps = [
         [int(s.is_prefill), s.num_seqs, round((s.schedule + s.run + s.postprocess) * 1e3, 3)]
-        for s in llm.step_log[start:]
+        for s in llm.step_log.since(start)
     ]
     compiled = CompileCounter.delta(before, counter.snapshot())
     return dict(
         seconds=seconds,
         tok_per_s=tokens / seconds,
         tokens=tokens,
-        phases=bm.phase_times(llm, start),
+        phases=bm.phase_times(llm.step_log.since(start)),
         compiled=compiled,
         steps=steps,
     )

@@ -43,7 +43,7 @@ def kernel_table(prof, top: int = 18) -> list[str]:
 def step_lines(llm: LLM, start: int, params: int) -> list[str]:
     """One line per step: kind, sequences, tokens, wall ms (launch to tokens back), its matmul floor."""
     lines = []
-    for r in llm.step_log[start:]:
+    for r in llm.step_log.since(start):
         floor_ms = 2 * params * r.num_tokens / MATMUL_FLOPS * 1e3
         ms = (r.schedule + r.run + r.postprocess) * 1e3
         kind = "prefill" if r.is_prefill else "decode"
@@ -86,7 +86,7 @@ def main() -> None:
     llm.generate(prompts, one, use_tqdm=False)
     for profiled in (False, True):
         llm.reset_prefix_cache()
-        start = len(llm.step_log)
+        start = llm.step_log.mark()
         with profile(activities=[ACTIVITY]) if profiled else nullcontext() as prof:
             llm.generate(prompts, one, use_tqdm=False)
             sync()
@@ -119,7 +119,7 @@ def main() -> None:
         ids = [f"w{profiled}-{i}" for i in range(len(prompts))]
         for rid, p, sp in zip(ids, prompts, sampling):
             llm.add_request(rid, p, sp)
-        start = len(llm.step_log)
+        start = llm.step_log.mark()
         host = cProfile.Profile() if profiled == "cprofile" else None
         with profile(activities=[ACTIVITY]) if profiled is True else host or nullcontext() as prof:
             for _ in range(args.steps):

@@ -27,6 +27,7 @@ from conftest import (
     with_generation_config,
 )
 from minivllm import LLM, SamplingParams
+from minivllm.engine.request import StepLog
 from minivllm.frontend.sampling_checks import check_sampling_params
 
 N = 10  # tokens generated per prompt
@@ -130,6 +131,36 @@ def test_the_step_log_counts_each_steps_tokens(tiny_qwen3):
     # every prompt token once; each step that finished a prompt also decoded the others (4 tokens each after)
     assert sum(r.num_tokens for r in llm.step_log) == sum(map(len, ID_PROMPTS)) + 4 * len(ID_PROMPTS)
     assert sum(r.num_tokens for r in prefill) >= sum(map(len, ID_PROMPTS))
+
+
+def test_the_step_log_keeps_its_tail_and_a_readers_mark_stays_valid(tiny_qwen3):
+    """An engine may step for days (a server, an LLM kept by a training loop): its step log drops the older
+    records past its bound; a reader's mark still names the same step after a drop (the progress bar's, a
+    benchmark's)."""
+    llm = engine(tiny_qwen3)
+    llm.step_log = StepLog(limit=8)
+    llm.add_request(
+        "long", {"prompt_token_ids": ID_PROMPTS[2]}, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    )
+    seen = []  # (the mark before a step, the records that step added, read right after it)
+    while llm.has_unfinished_requests():
+        mark = llm.step_log.mark()
+        llm.step()
+        seen.append((mark, llm.step_log.since(mark)))
+        assert len(llm.step_log) <= 8
+    log = llm.step_log
+    assert log.mark() > 16 and log.dropped > 0 and log.mark() == log.dropped + len(log)
+    newest = log[-1]  # the last decode step of the one request
+    assert not newest.is_prefill and newest.num_seqs == newest.num_tokens == 1
+    assert sum(len(added) for _, added in seen) == log.mark()  # every step's records, read by marks
+    for mark, added in seen:  # a mark names the same records after later drops, while they are kept
+        later = log.since(mark)
+        assert len(later) == min(log.mark() - mark, len(log))
+        if mark >= log.dropped:
+            assert all(a is b for a, b in zip(later, added)) and len(later) >= len(added)
+    # the progress bar reads the log by marks across drops
+    outs = llm.generate(ID_PROMPTS, GREEDY, use_tqdm=True)
+    assert [len(o.token_ids) for o in outs] == [N] * len(ID_PROMPTS) and len(llm.step_log) <= 8
 
 
 def test_prefix_cache_hits_keep_outputs(tiny_qwen3, hf):

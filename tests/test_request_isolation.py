@@ -11,7 +11,6 @@ import pytest
 
 from helpers.poison import POISON, poison_generator_of
 from minivllm import LLM, SamplingParams
-from minivllm.engine.request import StepRecord
 from minivllm.frontend.sampling_checks import MAX_N
 from minivllm.frontend.structured_outputs import StructuredOutputsParams
 from minivllm.frontend.structured_outputs.grammar import GrammarCompiler
@@ -147,21 +146,3 @@ def test_a_request_aborted_while_its_grammar_compiles_leaves_nothing(llm):
     while llm.has_unfinished_requests() or llm.sampling_hook.num_waiting:
         assert llm.step() == []
     assert idle(llm)
-
-
-def test_the_core_keeps_only_the_tail_of_its_step_log(llm, monkeypatch):
-    """A server's engine core steps for days: its step log keeps the newest MAX_STEP_LOG records at most."""
-    import minivllm.serve.core as core
-
-    monkeypatch.setattr(core, "MAX_STEP_LOG", 8)
-    engine_core = EngineCore(llm)
-    llm.step_log += [StepRecord(True, 1, 1, 0.0, 0.0, 0.0)] * 20  # far past the bound before the first step
-    llm.add_request("long", {"prompt_token_ids": PROMPTS[0]}, SamplingParams(max_tokens=30, ignore_eos=True))
-    steps = 0
-    while llm.has_unfinished_requests():
-        engine_core.step()
-        steps += 1
-        assert len(llm.step_log) <= 8
-    assert steps > 16 and 0 < len(llm.step_log) <= 8
-    newest = llm.step_log[-1]  # the last decode step of the one request
-    assert not newest.is_prefill and newest.num_seqs == newest.num_tokens == 1

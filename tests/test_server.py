@@ -269,7 +269,7 @@ def test_an_unknown_model_is_404_not_found(server, client):
 
 def test_64_concurrent_streaming_clients_get_offline_tokens(server, offline):
     max_tokens = [4 + (7 * i) % 21 for i in range(64)]
-    steps = len(server.llm.engine.step_log)
+    steps = server.llm.engine.step_log.mark()
     preemptions = server.llm.engine.scheduler.num_preemptions
 
     async def one(aclient, i: int) -> list[int]:
@@ -297,7 +297,7 @@ def test_64_concurrent_streaming_clients_get_offline_tokens(server, offline):
     got = asyncio.run(main())
     ref = offline.generate(IDS, [greedy(max_tokens=n) for n in max_tokens], use_tqdm=False)
     assert got == [o.token_ids for o in ref]
-    log = server.llm.engine.step_log[steps:]
+    log = server.llm.engine.step_log.since(steps)
     assert max(r.num_seqs for r in log) > 8  # they really ran together
     assert server.llm.engine.scheduler.num_preemptions > preemptions  # and the cache ran full
     wait_until(lambda: all_blocks_free(server.llm))

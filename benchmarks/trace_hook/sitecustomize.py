@@ -35,10 +35,10 @@ def trace_engine(module) -> None:
     step = module.LLMEngine.step
 
     def traced(self):
-        r0, t0, n0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter(), len(self.step_log)
+        r0, t0, n0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter(), self.step_log.mark()
         out = step(self)
         t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-        done = self.step_log[n0:] if len(self.step_log) >= n0 else []  # (a serving core trims its log)
+        done = self.step_log.since(n0)
         idle = not self.has_unfinished_requests()
         RECORDS.append(
             dict(

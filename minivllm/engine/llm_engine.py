@@ -21,7 +21,7 @@ from minivllm.checkpoint import eos_token_ids, load_tokenizer
 from minivllm.config import Config
 from minivllm.engine import request as per_request  # requests that fail alone
 from minivllm.engine.model_runner import ModelRunner
-from minivllm.engine.request import EngineOutput, EngineRequest, Launched, StepRecord
+from minivllm.engine.request import EngineOutput, EngineRequest, Launched, StepLog, StepRecord
 from minivllm.engine.scheduler import Scheduler
 from minivllm.engine.tp_workers import Workers, free_port
 from minivllm.sampling_params import SamplingParams
@@ -51,7 +51,7 @@ class LLMEngine:
         self.in_flight: Launched | None = None
         self.failed: list[EngineOutput] = []  # outputs of requests that failed alone, for the next step() to return
         self.overlap = config.tensor_parallel_size == 1  # TP workers need each step's tokens on the host
-        self.step_log: list[StepRecord] = []
+        self.step_log = StepLog()  # where each step's time went (bounded: an engine may step for days)
         this = weakref.ref(self)  # at exit, stop the workers of an engine still alive
         self._atexit = lambda: this() is not None and this().exit()
         atexit.register(self._atexit)

@@ -157,8 +157,8 @@ class StepHandle:
 
 @dataclass(slots=True)
 class StepRecord:
-    """Where one step's wall time went (host seconds; `run` includes the GPU work, which it waits for): the engine's
-    `step_log`, which `LLM.generate`'s progress bar and the benchmarks read."""
+    """Where one step's wall time went (host seconds; `run` includes the GPU work, which it waits for): a record of
+    the engine's `step_log` (a StepLog), which `LLM.generate`'s progress bar and the benchmarks read."""
 
     is_prefill: bool
     num_seqs: int
@@ -172,6 +172,38 @@ class StepRecord:
         """A step scheduled from t0, launched from t1 until now (perf_counter seconds); postprocess comes later."""
         num_tokens = sum(s.num_scheduled_tokens for s in seqs)
         return cls(is_prefill, len(seqs), num_tokens, t1 - t0, time.perf_counter() - t1, 0.0)
+
+
+class StepLog:
+    """The engine's StepRecords, oldest first. An engine may step for days (a server, an `LLM` kept by a training
+    loop): past `limit` records the older ones are dropped, the newest `limit // 2` kept. A reader takes `mark()`
+    (the steps logged so far, dropped ones included) and later reads `since(mark)`, the records of the steps after
+    it that are still kept: a drop in between does not shift them, as a position in the list would."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.limit, self.dropped, self.records = limit, 0, []
+
+    def append(self, record: StepRecord) -> None:
+        self.records.append(record)
+        if len(self.records) > self.limit:
+            cut = len(self.records) - self.limit // 2
+            del self.records[:cut]
+            self.dropped += cut
+
+    def mark(self) -> int:
+        return self.dropped + len(self.records)
+
+    def since(self, mark: int) -> list[StepRecord]:
+        return self.records[max(0, mark - self.dropped) :]
+
+    def __len__(self) -> int:  # the records kept
+        return len(self.records)
+
+    def __iter__(self):
+        return iter(self.records)
+
+    def __getitem__(self, index):
+        return self.records[index]
 
 
 @dataclass(slots=True)

@@ -66,16 +66,16 @@ class OfflineAPI(StepAPI):
         outputs: dict[str, RequestOutput] = {}
         wanted = {r.request_id for r in requests}
         pbar = tqdm(total=len(requests), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
-        t0, tokens, start = time.perf_counter(), {True: 0, False: 0}, len(self.step_log)  # prefill, decode
+        t0, tokens, start = time.perf_counter(), {True: 0, False: 0}, self.step_log.mark()  # prefill, decode
         while len(outputs) < len(requests):
             for output in self.step():
                 if output.finished and output.request_id in wanted:
                     outputs[output.request_id] = output
                     pbar.update(1)
             if use_tqdm:
-                for record in self.step_log[start:]:
+                for record in self.step_log.since(start):
                     tokens[record.is_prefill] += record.num_tokens
-                start, dt = len(self.step_log), max(time.perf_counter() - t0, 1e-9)
+                start, dt = self.step_log.mark(), max(time.perf_counter() - t0, 1e-9)
                 pbar.set_postfix(
                     prefill=f"{tokens[True] / dt:.0f}tok/s", decode=f"{tokens[False] / dt:.0f}tok/s", refresh=False
                 )

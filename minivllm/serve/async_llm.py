@@ -34,7 +34,6 @@ from minivllm.frontend.outputs import RequestOutput
 from minivllm.frontend.processor import Processor
 from minivllm.llm import LLM
 from minivllm.sampling_params import SamplingParams
-from minivllm.serve.core import keep_step_log_tail
 from minivllm.serve.core_client import AsyncMPClient
 from minivllm.serve.messages import EngineDeadError, SchedulerStats, failure_of
 from minivllm.serve.output_collector import RequestOutputCollector, check_stream_interval
@@ -136,7 +135,6 @@ class AsyncLLM:
             while self._apply_commands(block=not self.engine.has_unfinished_requests()):
                 if self.engine.has_unfinished_requests():
                     self._deliver(self.engine.step())
-                keep_step_log_tail(self.engine)
         except BaseException as e:  # a dead engine must not leave a client waiting forever
             self.error, error = e, EngineDeadError(f"the engine stopped: {type(e).__name__}: {e}")
             raise

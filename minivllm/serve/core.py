@@ -38,7 +38,6 @@ from minivllm.serve.host_memory import keep_freed_memory
 CORE = "minivllm-core"  # the engine core process's name in ps / top (bench_serve.py counts it as the engine)
 POLL_MS = 200  # idle: how often to look whether the API server is still there
 IDLE = m.SchedulerStats(0, 0, 0.0, 0)  # (replaced by the gauges after the step before a result is sent)
-MAX_STEP_LOG = 100_000  # a server runs for days: keep the tail of the engine's step log only
 
 
 class EngineCore:
@@ -102,9 +101,7 @@ class EngineCore:
         return self.engine.abort_request(ids)
 
     def step(self) -> list[EngineOutput]:
-        outputs = self.engine.step()
-        keep_step_log_tail(self.engine)
-        return outputs
+        return self.engine.step()
 
     def stats(self) -> m.SchedulerStats:
         s = self.engine.scheduler
@@ -116,13 +113,6 @@ class EngineCore:
 
     def reset_prefix_cache(self) -> bool:
         return self.engine.reset_prefix_cache()
-
-
-def keep_step_log_tail(engine: LLMEngine) -> None:
-    """A server steps for days: keep the newest MAX_STEP_LOG records of the engine's step log at most (the serving
-    core after each step, and the in-process AsyncLLM's loop); past it, the newest half of that."""
-    if len(engine.step_log) > MAX_STEP_LOG:
-        del engine.step_log[: len(engine.step_log) - MAX_STEP_LOG // 2]
 
 
 def run_engine_core(model: str, engine_args: dict, clients: list[tuple[str, str]], parent_pid: int) -> None:

@@ -111,9 +111,8 @@ def roofline(hf, prompt_lens: list[int], output_lens: list[int]) -> dict:
     )
 
 
-def phase_times(llm, start: int) -> dict:
-    """Seconds per phase of the engine's steps from `llm.step_log[start:]` (schedule, run, postprocess)."""
-    log = llm.step_log[start:]
+def phase_times(log: list) -> dict:
+    """Seconds per phase of a run's StepRecords (`llm.step_log.since(mark)`): schedule, run, postprocess."""
     pre = [r for r in log if r.is_prefill]
     dec = [r for r in log if not r.is_prefill]
     return dict(
