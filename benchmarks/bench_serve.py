@@ -540,6 +540,8 @@ def main() -> None:
             level.update(offline_output_throughput=float("nan"), served_over_offline=float("nan"))
     device = torch.cuda.get_device_name() if gpu else "cpu"
     print_table(levels, device, served_name)
+    if not gpu:
+        print("CPU operators:", machine()["cpu_ops"])
     result = dict(
         device=device,
         machine=machine(),
@@ -562,9 +564,18 @@ def main() -> None:
 
 
 def machine() -> dict:
+    """The host, and on the CPU which small operators the engine ran: this machine's C++ build or, where it is
+    not built (`scripts/setup.sh` builds it), the torch ops, several times the per-step cost."""
     import platform
 
-    return dict(host=platform.node(), cpu=platform.processor() or platform.machine(), cores=os.cpu_count())
+    import torch
+
+    out = dict(host=platform.node(), cpu=platform.processor() or platform.machine(), cores=os.cpu_count())
+    if not torch.cuda.is_available():
+        from minivllm.kernels.cpu import ops
+
+        out["cpu_ops"] = "C++" if ops.loaded() else f"torch: {ops.not_loaded_reason()}"
+    return out
 
 
 if __name__ == "__main__":

@@ -74,6 +74,11 @@ print("GPUs:", n, [torch.cuda.get_device_name(i) for i in range(n)])
 print("FlashAttention-4:", why_no_fa4() or "usable")
 EOF
 
+# the C++ CPU operators, as scripts/setup.sh builds them: serve:cpu and the CPU paths of the tests run them (without
+# a build the CPU runs the torch ops, several times the cost of a small step)
+python3 -m minivllm.kernels.cpu.build > "$out/cpu_ops_build.txt" 2>&1 \
+  || echo "the CPU operators were not built (the CPU runs the torch ops): $out/cpu_ops_build.txt"
+
 marker=$(mktemp)  # result files newer than this were written by this run
 declare -A status seconds verdict
 PYTEST=(python3 -m pytest -q -p no:cacheprovider)

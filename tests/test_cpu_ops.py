@@ -5,6 +5,8 @@ ValueError naming the problem; the layers take the C++ path on CPU when the libr
 an engine gives the same greedy tokens with and without it; without a build the engine runs the torch ops."""
 
 import logging
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -228,6 +230,23 @@ def test_the_library_key_follows_the_source(tmp_path, monkeypatch):
     first = build.library_path()
     source.write_text("// two\n")
     assert build.library_path() != first  # an edited source is a new build, never a stale library
+
+
+def test_this_machines_build_passes_the_self_test_in_a_fresh_process():
+    """The self-test a new build must pass (setup.sh's build, a fresh machine's) runs against today's torch
+    definitions: one that no longer does rejects every build, and every fresh machine runs the torch ops."""
+    test = [sys.executable, "-m", "minivllm.kernels.cpu.self_test", build.library_path()]
+    done = subprocess.run(test, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-2000:]
+
+
+def test_an_edited_self_test_is_a_new_build(tmp_path, monkeypatch):
+    test = tmp_path / "self_test.py"
+    test.write_text("# one\n")
+    monkeypatch.setattr(build, "SELF_TEST", str(test))
+    first = build.library_path()
+    test.write_text("# two\n")
+    assert build.library_path() != first
 
 
 def test_a_compiler_whose_build_fails_or_fails_its_self_test_is_passed_over(tmp_path, monkeypatch):

@@ -21,6 +21,8 @@ from minivllm.kernels.cache import cache_root
 
 CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
 SOURCES = [os.path.join(CSRC, name) for name in ("cpu_ops.h", "elementwise.cpp", "paged_decode.cpp")]
+SELF_TEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "self_test.py")  # in the key: a build is kept
+# only after it passed this self-test, so an edited self-test checks the library again
 LIBRARY = "libminivllm_cpu_ops.so"
 FLAGS = [
     "-O3",
@@ -57,9 +59,10 @@ def _cpu_flags() -> str:
 
 
 def library_path() -> str:
-    """Where this machine's build lives: one directory per (sources, torch, compilers, CPU) combination."""
+    """Where this machine's build lives: one directory per (sources and self-test, torch, compilers, CPU)
+    combination."""
     parts = []
-    for source in SOURCES:
+    for source in [*SOURCES, SELF_TEST]:
         with open(source, "rb") as fh:
             parts.append(fh.read())
     parts += [torch.__version__, _cpu_flags(), " ".join(FLAGS), *compilers()]

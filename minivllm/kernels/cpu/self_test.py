@@ -25,7 +25,9 @@ def self_test(path: str) -> None:
     torch.testing.assert_close(ops.silu_and_mul(gate_up), F.silu(gate_up[:, :64]) * gate_up[:, 64:])
     rope = rotary_embedding.RotaryEmbedding(64, 64, 16, 10000.0)
     q, k, pos = torch.randn(3, 4, 64, generator=g), torch.randn(3, 2, 64, generator=g), torch.tensor([0, 5, 15])
-    for got, want in zip(ops.rotary(pos, q, k, rope.cos_sin_cache), rope.rotate(pos, q, k)):
+    for got, want in zip(
+        ops.rotary(pos, q, k, rope.cos_sin_cache), rotary_embedding.rotary(pos, q, k, rope.cos_sin_cache)
+    ):
         torch.testing.assert_close(got, want)
     k_cache, v_cache = torch.zeros(2, 4, 2, 64), torch.zeros(2, 4, 2, 64)
     ops.store_kvcache(k[:2], k[1:], k_cache, v_cache, torch.tensor([5, 2]))
