@@ -3,10 +3,12 @@ finished or failed; each event then carries N tokens' text, and the whole text i
 
 import asyncio
 import json
+import time
 
 import httpx
 import pytest
 
+from minivllm.engine.llm_engine import LLMEngine
 from minivllm.frontend.outputs import CompletionOutput, RequestOutput
 from minivllm.sampling_params import RequestOutputKind
 from minivllm.serve.async_llm import AsyncLLM
@@ -93,9 +95,18 @@ def events(url: str, max_tokens: int) -> list[dict]:
     return [json.loads(line) for line in lines[:-1]]
 
 
-def test_server_streams_the_same_text_in_fewer_events(tiny_qwen3):
+def test_server_streams_the_same_text_in_fewer_events(tiny_qwen3, monkeypatch):
     """The same greedy request through a server of interval 1 and one of interval 4: the same text and finish, and
-    with 4 an event for every 4 tokens after the first (with 1, one a token, fewer only where the reader lagged)."""
+    with 4 an event for every 4 tokens after the first (with 1, one a token, fewer only where the reader lagged).
+    Each engine step takes 20 ms here, so that the reader keeps up: a tiny model's steps come faster than a
+    reader in the same process reads, and the deltas it has not read yet go out as one event."""
+    step = LLMEngine.step
+
+    def slow_step(self):
+        time.sleep(0.02)
+        return step(self)
+
+    monkeypatch.setattr(LLMEngine, "step", slow_step)
     texts, counts = {}, {}
     for interval in (1, 4):
         llm = AsyncLLM(tiny_qwen3, stream_interval=interval, kvcache_block_size=16, max_model_len=128)
