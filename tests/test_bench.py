@@ -144,6 +144,19 @@ def test_serve_benchmark_client_runs_a_level_without_collections():
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
+def test_serve_benchmark_records_which_cpu_operators_ran(monkeypatch):
+    """On the CPU the result says whether the engine ran this machine's C++ operators or the torch ops (a host
+    where they were not built steps several times slower at the CPU preset's batch sizes)."""
+    from minivllm.kernels.cpu import ops
+
+    serve = load(ROOT / "benchmarks" / "bench_serve.py")
+    monkeypatch.setattr(ops, "loaded", lambda: True)
+    assert serve.machine()["cpu_ops"] == "C++"
+    monkeypatch.setattr(ops, "loaded", lambda: False)
+    monkeypatch.setattr(ops, "not_loaded_reason", lambda: "not built on this machine")
+    assert serve.machine()["cpu_ops"] == "torch: not built on this machine"
+
+
 @pytest.mark.skipif(not pathlib.Path("/proc/self/comm").exists(), reason="process names from /proc (Linux)")
 def test_serve_benchmark_meters_the_engine_and_its_time_in_the_kernel():
     """bench_serve.py's CpuMeter counts a child named as the engine core as the engine, and the part of its CPU
