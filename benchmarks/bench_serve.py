@@ -12,7 +12,8 @@ cost could deliver at that level. Each level also reports the CPU time per outpu
 process, its TP workers; apart, how much of it was in the kernel: page faults, system calls), of the API server
 (with its tokenizer workers) and of this client: where serving's cost goes (the API server: every API-server process
 and its tokenizer workers, summed). With `--api-server-count 1 4` the sweep runs once per count of API-server
-processes (`minivllm serve --api-server-count`), on the same requests.
+processes (`minivllm serve --api-server-count`), on the same requests. On the CPU it first builds this machine's C++
+operators where they are missing, as scripts/setup.sh does, and records which operators the engine ran.
 Prints a table, writes JSON (and, with --figure, TTFT and TPOT against concurrency).
 
   python3 benchmarks/bench_serve.py                                  # CPU: the embedded SmolLM2-135M-Instruct
@@ -495,6 +496,8 @@ def main() -> None:
     import torch
 
     gpu = torch.cuda.is_available()
+    if not gpu:
+        build_cpu_operators()
     preset = PRESETS.get(args.preset, {})
     args.model = args.model or preset.get("model")
     args.concurrency = (
@@ -561,6 +564,17 @@ def main() -> None:
             args.figure,
             f"minivllm serve on {device}: {served_name}, {args.input_len} in / {args.output_len} out",
         )
+
+
+def build_cpu_operators() -> None:
+    """This machine's C++ CPU operators, built as `scripts/setup.sh` builds them (~20 s once; a later run finds the
+    build), so that the engine measured on a host that never ran setup.sh is the one a user has, not the torch ops."""
+    from minivllm.kernels.cpu import build
+
+    try:
+        build.build()
+    except (RuntimeError, OSError) as e:
+        print(f"the CPU operators were not built; the engine runs the torch ops: {e}", flush=True)
 
 
 def machine() -> dict:

@@ -157,6 +157,25 @@ def test_serve_benchmark_records_which_cpu_operators_ran(monkeypatch):
     assert serve.machine()["cpu_ops"] == "torch: not built on this machine"
 
 
+def test_serve_benchmark_builds_the_cpu_operators_where_they_are_missing(tmp_path, monkeypatch, capsys):
+    """A host that never ran setup.sh (a GPU host's CPU preset) gets this machine's build before the benchmark,
+    and a failed build is said and the benchmark goes on, on the torch ops."""
+    from minivllm.kernels.cpu import build
+
+    serve = load(ROOT / "benchmarks" / "bench_serve.py")
+    calls = []
+    monkeypatch.setattr(build, "build", lambda: calls.append(1) or str(tmp_path / "lib.so"))
+    serve.build_cpu_operators()
+    assert calls == [1]
+
+    def fails():
+        raise RuntimeError("no compiler built CPU ops that pass their self-test")
+
+    monkeypatch.setattr(build, "build", fails)
+    serve.build_cpu_operators()
+    assert "the engine runs the torch ops: no compiler built" in capsys.readouterr().out
+
+
 @pytest.mark.skipif(not pathlib.Path("/proc/self/comm").exists(), reason="process names from /proc (Linux)")
 def test_serve_benchmark_meters_the_engine_and_its_time_in_the_kernel():
     """bench_serve.py's CpuMeter counts a child named as the engine core as the engine, and the part of its CPU
