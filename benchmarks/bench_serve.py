@@ -543,11 +543,12 @@ def main() -> None:
             level.update(offline_output_throughput=float("nan"), served_over_offline=float("nan"))
     device = torch.cuda.get_device_name() if gpu else "cpu"
     print_table(levels, device, served_name)
+    host = machine()
     if not gpu:
-        print("CPU operators:", machine()["cpu_ops"])
+        print("CPU operators:", host["cpu_ops"])
     result = dict(
         device=device,
-        machine=machine(),
+        machine=host,
         model=served_name,
         api_server_counts=sorted({lv["api_server_count"] for lv in levels}),
         input_len=args.input_len,
