@@ -87,11 +87,15 @@ def vocab_size(model: str | None) -> int:
         return json.load(f)["vocab_size"]
 
 
-def start_server(model: str | None, port: int, server_args: list[str], log_level: str, log: str | None):
-    """`python3 -m minivllm serve` in a subprocess (its output to `log`, else to ours), once /health answers."""
+def start_server(
+    model: str | None, port: int, server_args: list[str], log_level: str, log: str | None, server_env: dict
+):
+    """`python3 -m minivllm serve` in a subprocess (its output to `log`, else to ours; `server_env` added to its
+    environment), once /health answers."""
     cmd = [sys.executable, "-m", "minivllm", "serve", "--port", str(port), "--log-level", log_level, *server_args]
     cmd += ["--model", model] if model else []
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "PYTHONFAULTHANDLER": "1"}
+    env.update(server_env)
     env["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache, before each level
     with open(log, "a") if log else contextlib.nullcontext() as out:  # the child keeps its own copy of the file
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
@@ -431,7 +435,7 @@ def offline_throughputs(
 def serve_levels(model: str | None, flags: list[str], args, sweep, prompts_of, warm) -> list[dict]:
     """Start one server (`flags`), run every level of the sweep on it (a cold prefix cache each), stop it."""
     port = free_port()
-    server = start_server(model, port, flags, args.server_log_level, args.server_log)
+    server = start_server(model, port, flags, args.server_log_level, args.server_log, args.server_env)
     url = f"http://127.0.0.1:{port}"
     levels = []
     try:
@@ -486,6 +490,13 @@ def main() -> None:
         help="a sweep of `minivllm serve --api-server-count` values, e.g. 1 4 (default: the server's own default)",
     )
     ap.add_argument("--server-args", default="", help='extra `minivllm serve` arguments, e.g. "--max-num-seqs 64"')
+    ap.add_argument(
+        "--server-env",
+        type=env_pair,
+        nargs="+",
+        default=[],
+        help="KEY=VALUE added to the servers' environment alone, e.g. OMP_NUM_THREADS=12 (the offline runs keep ours)",
+    )
     ap.add_argument("--no-offline", action="store_true", help="skip the offline LLM.generate runs")
     ap.add_argument("--cache", default=os.path.join(os.path.expanduser("~"), ".cache", "minivllm"))
     ap.add_argument("--out", default=None, help="JSON path (default benchmarks/results/serve_<device>.json)")
@@ -493,6 +504,7 @@ def main() -> None:
     ap.add_argument("--server-log", default=None, help="the server's output to this file (default: this terminal)")
     ap.add_argument("--server-log-level", default="warning", help="the server's --log-level (default warning)")
     args = ap.parse_args()
+    args.server_env = dict(args.server_env)
     import torch
 
     gpu = torch.cuda.is_available()
@@ -555,6 +567,7 @@ def main() -> None:
         output_len=args.output_len,
         request_rates=[r for r in args.request_rate if r != float("inf")],
         server_args=args.server_args,
+        server_env=args.server_env,
         levels=levels,
     )
     name = f"serve_{'gpu' if gpu else 'cpu'}{'_preset' if args.preset else ''}.json"
@@ -565,6 +578,14 @@ def main() -> None:
             args.figure,
             f"minivllm serve on {device}: {served_name}, {args.input_len} in / {args.output_len} out",
         )
+
+
+def env_pair(text: str) -> tuple[str, str]:
+    """--server-env's KEY=VALUE."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
 
 
 def build_cpu_operators() -> None:

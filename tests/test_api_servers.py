@@ -26,6 +26,7 @@ from minivllm import LLM, SamplingParams
 from minivllm.engine.tp_workers import free_port
 from minivllm.serve.api_servers import API_SERVER, default_api_server_count
 from minivllm.serve.cli import serve_main
+from minivllm.serve.core import cpu_threads
 
 _gen = torch.Generator().manual_seed(43)
 IDS = [torch.randint(1, 512, (int(n),), generator=_gen).tolist() for n in torch.randint(3, 40, (16,), generator=_gen)]
@@ -33,6 +34,11 @@ IDS = [torch.randint(1, 512, (int(n),), generator=_gen).tolist() for n in torch.
 
 def test_default_count_follows_the_cores():
     assert [default_api_server_count(c) for c in (1, 2, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 4]
+
+
+def test_a_cpu_core_takes_at_most_half_the_cores_and_leaves_one_to_each_api_server():
+    assert [cpu_threads(c, api_servers=1) for c in (1, 2, 4, 16, 64)] == [1, 1, 2, 8, 32]
+    assert [cpu_threads(16, api_servers=n) for n in (1, 4, 8, 12, 16)] == [8, 8, 8, 4, 1]
 
 
 def test_a_bad_count_or_a_busy_port_is_refused_before_anything_starts(tiny_qwen3, capsys):

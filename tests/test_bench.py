@@ -157,6 +157,30 @@ def test_serve_benchmark_records_which_cpu_operators_ran(monkeypatch):
     assert serve.machine()["cpu_ops"] == "torch: not built on this machine"
 
 
+def test_serve_benchmark_gives_the_server_alone_its_environment(monkeypatch):
+    """--server-env KEY=VALUE reaches the servers' environment, not the benchmark's own (its offline runs)."""
+    serve = load(ROOT / "benchmarks" / "bench_serve.py")
+    assert serve.env_pair("OMP_NUM_THREADS=12") == ("OMP_NUM_THREADS", "12")
+    assert serve.env_pair("A=b=c") == ("A", "b=c")
+    for bad in ("OMP_NUM_THREADS", "=12"):
+        with pytest.raises(serve.argparse.ArgumentTypeError, match="expected KEY=VALUE"):
+            serve.env_pair(bad)
+    seen = {}
+
+    class Started(Exception):
+        pass
+
+    def popen(cmd, env, **kw):
+        seen.update(env)
+        raise Started
+
+    monkeypatch.setattr(serve.subprocess, "Popen", popen)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with pytest.raises(Started):
+        serve.start_server(None, 1, [], "warning", None, {"OMP_NUM_THREADS": "12"})
+    assert seen["OMP_NUM_THREADS"] == "12" and "OMP_NUM_THREADS" not in os.environ
+
+
 def test_serve_benchmark_builds_the_cpu_operators_where_they_are_missing(tmp_path, monkeypatch, capsys):
     """A host that never ran setup.sh (a GPU host's CPU preset) gets this machine's build before the benchmark,
     and a failed build is said and the benchmark goes on, on the torch ops."""

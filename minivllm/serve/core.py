@@ -115,6 +115,14 @@ class EngineCore:
         return self.engine.reset_prefix_cache()
 
 
+def cpu_threads(cores: int, api_servers: int) -> int:
+    """The model's threads in a core on CPU: at most half the cores, and a core left to each API server. The
+    threads of one op wait for each other, so one preempted by an API server's or a client's work (SSE for every
+    stream) stalls the whole step; a small model's step gains little past half of a many-core host's cores
+    (benchmarks/RESULTS.md, set s). 1 on a 2-core laptop, 8 of 16 beside 1 to 8 API servers."""
+    return max(1, min(cores // 2, cores - api_servers))
+
+
 def run_engine_core(model: str, engine_args: dict, clients: list[tuple[str, str]], parent_pid: int) -> None:
     """The core process's entry point (multiprocessing spawns it, core_process.py). `clients`: each API server's
     (input, output) socket addresses; one with `minivllm serve`, N with --api-server-count N (api_servers.py)."""
@@ -123,9 +131,7 @@ def run_engine_core(model: str, engine_args: dict, clients: list[tuple[str, str]
     if not torch.cuda.is_available():  # the model runs on CPU: its activations are this process's memory
         keep_freed_memory()  # each prefill reuses the last one's activations instead of faulting them in
         if "OMP_NUM_THREADS" not in os.environ:
-            # the model's threads would take every core, and the API servers' own work (SSE for every stream)
-            # would preempt them at each step: leave a core to each API server, as vLLM's CPU backend does
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) - len(clients)))
+            torch.set_num_threads(cpu_threads(len(os.sched_getaffinity(0)), api_servers=len(clients)))
     ctx = zmq.Context()
     inputs, outputs = [ctx.socket(zmq.PULL) for _ in clients], [ctx.socket(zmq.PUSH) for _ in clients]
     for inp, out, (input_address, output_address) in zip(inputs, outputs, clients):
