@@ -118,8 +118,8 @@ class EngineCore:
 def cpu_threads(cores: int, api_servers: int) -> int:
     """The model's threads in a core on CPU: at most half the cores, and a core left to each API server. The
     threads of one op wait for each other, so one preempted by an API server's or a client's work (SSE for every
-    stream) stalls the whole step; a small model's step gains little past half of a many-core host's cores
-    (benchmarks/RESULTS.md, set s). 1 on a 2-core laptop, 8 of 16 beside 1 to 8 API servers."""
+    stream) stalls the whole step, and a small model's step gains little past half of a many-core host's cores
+    (benchmarks/RESULTS.md, sets r and s). 1 on a 2-core laptop, 8 of 16 beside 1 to 8 API servers."""
     return max(1, min(cores // 2, cores - api_servers))
 
 
